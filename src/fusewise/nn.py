@@ -1,0 +1,43 @@
+"""Drop-in modules over the fused ops: same constructor arguments, parameters and state_dict keys
+as torch.nn.LayerNorm / torch.nn.RMSNorm, so checkpoints load either way."""
+
+from __future__ import annotations
+
+import torch
+
+from . import ops
+
+
+class LayerNorm(torch.nn.LayerNorm):
+    """torch.nn.LayerNorm computed by fusewise.ops.layer_norm (normalized_shape may be multi-dim)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = tuple(self.normalized_shape)
+        if tuple(x.shape[-len(shape):]) != shape:
+            raise ValueError(f"LayerNorm expects input ending in normalized_shape {shape}, "
+                             f"got {tuple(x.shape)}")  # fmt: skip
+        n = 1
+        for s in shape:
+            n *= s
+        flat = lambda p: p.reshape(n) if p is not None else None  # noqa: E731
+        y = ops.layer_norm(x.reshape(*x.shape[: x.dim() - len(shape)], n), flat(self.weight),
+                           flat(self.bias), self.eps)  # fmt: skip
+        return y.view(x.shape)
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    """torch.nn.RMSNorm computed by fusewise.ops.rms_norm. eps=None means torch's default,
+    torch.finfo(x.dtype).eps, as in torch.nn.RMSNorm."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = tuple(self.normalized_shape)
+        if tuple(x.shape[-len(shape):]) != shape:
+            raise ValueError(f"RMSNorm expects input ending in normalized_shape {shape}, "
+                             f"got {tuple(x.shape)}")  # fmt: skip
+        n = 1
+        for s in shape:
+            n *= s
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        w = self.weight.reshape(n) if self.weight is not None else None
+        y = ops.rms_norm(x.reshape(*x.shape[: x.dim() - len(shape)], n), w, eps)
+        return y.view(x.shape)

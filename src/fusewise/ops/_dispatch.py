@@ -1,0 +1,70 @@
+"""Which path an op takes, said out loud: the Triton kernel, or the eager reference and why.
+
+Never the silent fallback: the first time an op takes the reference path for a given reason it
+warns (once per op and reason); with FUSEWISE_STRICT=1 it raises instead. ``paths()`` tells which
+path each op took last, so a user (or the diagnosis) can check that the fast path is running.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+TRITON = "triton"
+INTERPRETER = "triton-interpreter"
+REFERENCE = "reference"
+
+_TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_last_path: dict[str, str] = {}
+_warned: set[tuple[str, str]] = set()
+
+
+class FusewiseFallbackError(RuntimeError):
+    """Raised instead of falling back to the reference path when FUSEWISE_STRICT=1."""
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def strict() -> bool:
+    return os.environ.get("FUSEWISE_STRICT", "0") not in ("", "0")
+
+
+def _why_not_triton(tensors: list[torch.Tensor]) -> str | None:
+    t = tensors[0]
+    if t.device.type == "cpu" and not interpreting():
+        return "tensors are on the CPU (the Triton kernel needs a CUDA GPU, or TRITON_INTERPRET=1)"
+    if t.device.type not in ("cpu", "cuda"):
+        return f"tensors are on {t.device.type!r}; the Triton kernel runs on CUDA GPUs only"
+    if t.device.type == "cuda" and interpreting():
+        return "TRITON_INTERPRET=1 is set but the tensors are on a GPU; unset it to run the kernel"
+    for x in tensors:
+        if x.dtype not in _TRITON_DTYPES:
+            return f"dtype {x.dtype} is not one of float32, bfloat16, float16"
+    return None
+
+
+def choose_path(op: str, *tensors: torch.Tensor | None) -> str:
+    """TRITON / INTERPRETER when the kernel can run on these tensors, else REFERENCE (warned)."""
+    present = [t for t in tensors if t is not None]
+    reason = _why_not_triton(present)
+    if reason is None:
+        path = INTERPRETER if present[0].device.type == "cpu" else TRITON
+    else:
+        message = f"fusewise.ops.{op}: {reason}; running the eager reference instead."
+        if strict():
+            raise FusewiseFallbackError(message + " (FUSEWISE_STRICT=1 forbids the fallback)")
+        if (op, reason) not in _warned:
+            _warned.add((op, reason))
+            warnings.warn(message, stacklevel=3)
+        path = REFERENCE
+    _last_path[op] = path
+    return path
+
+
+def paths() -> dict[str, str]:
+    """The path each op took on its last call: 'triton', 'triton-interpreter' or 'reference'."""
+    return dict(_last_path)

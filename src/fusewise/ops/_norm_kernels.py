@@ -1,0 +1,235 @@
+"""Triton kernels shared by LayerNorm, RMSNorm and add+RMSNorm (forward and backward).
+
+One kernel body per stage with constexpr switches: IS_RMS (no mean, no bias), HAS_W, HAS_B,
+HAS_RES (add a residual first and also write the sum h = x + residual).
+
+Two shapes of work:
+  * block path: a [BLOCK_M, BLOCK_N] tile holds BLOCK_M whole rows in registers, so x is read once
+    and y written once; statistics come from registers (mean, then the centred sum of squares: as
+    accurate as a two-pass algorithm at the traffic of one).
+  * wide path (rows wider than one block): one program per row walks the row in chunks, merging
+    chunk statistics with Chan's parallel Welford update, then walks it again *backwards* to
+    normalise, so the chunks read last (most likely still in L2) are re-read first.
+Row offsets are int64 so tensors past 2**31 elements index correctly.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _load_row_tile(X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES: tl.constexpr,
+                   STORE_H: tl.constexpr):  # fmt: skip
+    """Load x (or x + residual, rounded to the activation dtype and optionally stored) as fp32."""
+    rows64 = rows.to(tl.int64)
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    if HAS_RES:
+        r = tl.load(R + rows64[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
+        h = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
+        if STORE_H:
+            tl.store(H + rows64[:, None] * N + cols[None, :], h, mask=mask)
+        x = h
+    return x.to(tl.float32)
+
+
+@triton.jit
+def norm_fwd_block_kernel(X, R, W, B, Y, H, Mean, Rstd, M, N, stride_x, stride_r, eps,
+                          IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                          HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr):  # fmt: skip
+    """Reads x [M, N] (and residual) once, writes y (and h) once, plus rstd (and mean) per row."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < N
+    mask = row_ok[:, None] & col_ok[None, :]
+    x = _load_row_tile(X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES, True)
+    if IS_RMS:
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+        y = x * rstd[:, None]
+    else:
+        mean = tl.sum(x, axis=1) / N
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
+        y = xc * rstd[:, None]
+        tl.store(Mean + rows, mean, mask=row_ok)
+    tl.store(Rstd + rows, rstd, mask=row_ok)
+    if HAS_W:
+        y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_B:
+        y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = Y + rows.to(tl.int64)[:, None] * N + cols[None, :]
+    tl.store(y_ptrs, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def norm_fwd_wide_kernel(X, R, W, B, Y, H, Mean, Rstd, N, stride_x, stride_r, eps,
+                         IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                         HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """One program per row of any width: chunked single-pass statistics, then a reverse pass."""
+    row = tl.program_id(0)
+    rows = tl.full([1], 0, tl.int32) + row
+    offs = tl.arange(0, BLOCK_N)
+    n_chunks = tl.cdiv(N, BLOCK_N)
+    count = tl.zeros([1], tl.float32)
+    mean = tl.zeros([1], tl.float32)
+    m2 = tl.zeros([1], tl.float32)  # sum of squares about the mean (LN) or about 0 (RMS)
+    for c in range(0, n_chunks):
+        cols = c * BLOCK_N + offs
+        mask = (cols < N)[None, :]
+        x = _load_row_tile(X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES, True)
+        if IS_RMS:
+            m2 += tl.sum(x * x, axis=1)
+        else:
+            n_c = tl.minimum(N - c * BLOCK_N, BLOCK_N).to(tl.float32)
+            mean_c = tl.sum(x, axis=1) / n_c
+            d = tl.where(mask, x - mean_c[:, None], 0.0)
+            total = count + n_c
+            delta = mean_c - mean
+            mean += delta * (n_c / total)
+            m2 += tl.sum(d * d, axis=1) + delta * delta * (count * n_c / total)
+            count = total
+    rstd = tl.rsqrt(m2 / N + eps)
+    tl.store(Rstd + rows, rstd)
+    if not IS_RMS:
+        tl.store(Mean + rows, mean)
+    for i in range(0, n_chunks):
+        cols = (n_chunks - 1 - i) * BLOCK_N + offs
+        col_ok = cols < N
+        mask = col_ok[None, :]
+        # x + residual is recomputed rather than re-read from h: h's stores by other threads of
+        # this program are not guaranteed visible without a barrier.
+        x = _load_row_tile(X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES, False)
+        y = (x if IS_RMS else x - mean[:, None]) * rstd[:, None]
+        if HAS_W:
+            y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if HAS_B:
+            y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(Y + row.to(tl.int64) * N + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dx_tile(x, dy, w, mean, rstd, mask, N, IS_RMS: tl.constexpr, HAS_W: tl.constexpr):
+    """dx = rstd·(w·dy − x̂·mean(x̂·w·dy) − mean(w·dy)) for a tile of whole rows; also returns x̂."""
+    xhat = x * rstd[:, None] if IS_RMS else (x - mean[:, None]) * rstd[:, None]
+    xhat = tl.where(mask, xhat, 0.0)
+    wdy = dy * w[None, :] if HAS_W else dy
+    c1 = tl.sum(xhat * wdy, axis=1) / N
+    dx = wdy - xhat * c1[:, None]
+    if not IS_RMS:
+        dx -= (tl.sum(wdy, axis=1) / N)[:, None]
+    return dx * rstd[:, None], xhat
+
+
+@triton.jit
+def norm_bwd_block_kernel(X, W, DY, DH, DX, Mean, Rstd, DW_part, DB_part, M, N, stride_x,
+                          stride_dy, stride_dh, n_programs, tiles_per_program, IS_RMS: tl.constexpr, HAS_W: tl.constexpr,
+                          HAS_B: tl.constexpr, HAS_DH: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr):  # fmt: skip
+    """Persistent: program p takes row tiles p, p+P, ...; writes dx, and its fp32 partial sums
+    of dy·x̂ and dy into row p of DW_part / DB_part (summed afterwards: deterministic, no atomics).
+    Reads x and dy once, writes dx once."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) if HAS_W else None
+    dw_acc = tl.zeros([BLOCK_N], tl.float32)
+    db_acc = tl.zeros([BLOCK_N], tl.float32)
+    for i in range(0, tiles_per_program):
+        rows = (pid + i * n_programs) * BLOCK_M + tl.arange(0, BLOCK_M)  # past M: masked off
+        row_ok = rows < M
+        mask = row_ok[:, None] & col_ok[None, :]
+        rows64 = rows.to(tl.int64)[:, None]
+        x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
+        mean = None if IS_RMS else tl.load(Mean + rows, mask=row_ok, other=0.0)
+        dx, xhat = _dx_tile(x, dy, w, mean, rstd, mask, N, IS_RMS, HAS_W)
+        if HAS_DH:
+            dx += tl.load(DH + rows64 * stride_dh + cols[None, :], mask=mask, other=0.0).to(
+                tl.float32
+            )
+        tl.store(DX + rows64 * N + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        if HAS_W:
+            dw_acc += tl.sum(dy * xhat, axis=0)
+        if HAS_B:
+            db_acc += tl.sum(dy, axis=0)
+    if HAS_W:
+        tl.store(DW_part + pid.to(tl.int64) * N + cols, dw_acc, mask=col_ok)
+    if HAS_B:
+        tl.store(DB_part + pid.to(tl.int64) * N + cols, db_acc, mask=col_ok)
+
+
+@triton.jit
+def norm_bwd_wide_dx_kernel(X, W, DY, DH, DX, Mean, Rstd, N, stride_x, stride_dy, stride_dh,
+                            IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_DH: tl.constexpr,
+                            BLOCK_N: tl.constexpr):  # fmt: skip
+    """One program per row of any width: sums of x̂·w·dy and w·dy, then dx in a reverse pass."""
+    row = tl.program_id(0)
+    rows = tl.full([1], 0, tl.int32) + row
+    row64 = row.to(tl.int64)
+    offs = tl.arange(0, BLOCK_N)
+    n_chunks = tl.cdiv(N, BLOCK_N)
+    rstd = tl.load(Rstd + rows)
+    mean = None if IS_RMS else tl.load(Mean + rows)
+    s1 = tl.zeros([1, BLOCK_N], tl.float32)
+    s2 = tl.zeros([1, BLOCK_N], tl.float32)
+    for c in range(0, n_chunks):
+        cols = c * BLOCK_N + offs
+        col_ok = cols < N
+        x = tl.load(X + row64 * stride_x + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        dy = tl.load(DY + row64 * stride_dy + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        xhat = x * rstd[:, None] if IS_RMS else (x - mean[:, None]) * rstd[:, None]
+        wdy = dy * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else dy
+        s1 += tl.where(col_ok[None, :], xhat * wdy, 0.0)
+        s2 += wdy
+    c1 = tl.sum(s1, axis=1) / N
+    c2 = tl.sum(s2, axis=1) / N
+    for i in range(0, n_chunks):
+        cols = (n_chunks - 1 - i) * BLOCK_N + offs
+        col_ok = cols < N
+        x = tl.load(X + row64 * stride_x + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        dy = tl.load(DY + row64 * stride_dy + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        xhat = x * rstd[:, None] if IS_RMS else (x - mean[:, None]) * rstd[:, None]
+        wdy = dy * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else dy
+        dx = wdy - xhat * c1[:, None]
+        if not IS_RMS:
+            dx -= c2[:, None]
+        dx = dx * rstd[:, None]
+        if HAS_DH:
+            dx += tl.load(DH + row64 * stride_dh + cols, mask=col_ok, other=0.0).to(tl.float32)
+        tl.store(DX + row64 * N + cols[None, :], dx.to(DX.dtype.element_ty), mask=col_ok[None, :])
+
+
+@triton.jit
+def norm_bwd_wide_dw_kernel(X, DY, Mean, Rstd, DW_part, DB_part, M, N, stride_x, stride_dy,
+                            ROWS_PER_PROG, IS_RMS: tl.constexpr, HAS_W: tl.constexpr,
+                            HAS_B: tl.constexpr, BLOCK_M: tl.constexpr,
+                            BLOCK_N: tl.constexpr):  # fmt: skip
+    """Grid (column blocks, row groups): fp32 partial sums of dy·x̂ and dy over a row group."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    group = tl.program_id(1)
+    col_ok = cols < N
+    dw_acc = tl.zeros([BLOCK_N], tl.float32)
+    db_acc = tl.zeros([BLOCK_N], tl.float32)
+    row_end = tl.minimum(M, (group + 1) * ROWS_PER_PROG)
+    for start in range(group * ROWS_PER_PROG, row_end, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        row_ok = rows < row_end
+        mask = row_ok[:, None] & col_ok[None, :]
+        rows64 = rows.to(tl.int64)[:, None]
+        dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if HAS_W:
+            x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
+            if IS_RMS:
+                xhat = x * rstd[:, None]
+            else:
+                xhat = (x - tl.load(Mean + rows, mask=row_ok, other=0.0)[:, None]) * rstd[:, None]
+            dw_acc += tl.sum(dy * xhat, axis=0)
+        if HAS_B:
+            db_acc += tl.sum(dy, axis=0)
+    if HAS_W:
+        tl.store(DW_part + group.to(tl.int64) * N + cols, dw_acc, mask=col_ok)
+    if HAS_B:
+        tl.store(DB_part + group.to(tl.int64) * N + cols, db_acc, mask=col_ok)

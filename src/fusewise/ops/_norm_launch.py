@@ -1,0 +1,129 @@
+"""Host launchers for the normalisation kernels: pick the path and tile, allocate, launch.
+
+All tensors arrive validated and 2-D ([M, N], unit stride along N; rows may be strided).
+No host-device synchronisation: the launchers only read shapes, strides and device properties,
+so they run inside CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+from . import _norm_kernels as K
+
+# Widest row the block path keeps in registers (fp32 values per thread stay <= 32 at 16 warps).
+# Wider rows take the chunked wide path. Module-level so tests can lower it to reach that path
+# with small shapes.
+MAX_BLOCK_N = 16384
+WIDE_CHUNK = 4096  # elements per chunk on the wide path
+WIDE_WARPS = 16
+TILE_ELEMENTS = 4096  # target elements per program on the block path (several short rows each)
+FWD_ELEMENTS_PER_THREAD = 16  # sets num_warps on the block path (x only in registers)
+BWD_ELEMENTS_PER_THREAD = 8  # backward holds x and dy
+BWD_PROGRAMS_PER_SM = 2  # persistent backward: programs per multiprocessor
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _programs_per_wave(device: torch.device) -> int:
+    # Under the interpreter a few programs keep tests fast and still exercise the cross-program
+    # reduction of the weight gradient.
+    return _sm_count(device.index or 0) if device.type == "cuda" else 3
+
+
+def block_config(n: int, backward: bool = False) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) for rows of n elements on the block path."""
+    block_n = triton.next_power_of_2(n)
+    block_m = max(1, TILE_ELEMENTS // block_n)
+    elements = block_m * block_n
+    per_thread = BWD_ELEMENTS_PER_THREAD if backward else FWD_ELEMENTS_PER_THREAD
+    num_warps = min(32, max(4, elements // (32 * per_thread)))
+    return block_m, block_n, num_warps
+
+
+def use_wide_path(n: int) -> bool:
+    return n > MAX_BLOCK_N
+
+
+def _empty(device, dtype=torch.float32):
+    return torch.empty(0, dtype=dtype, device=device)
+
+
+def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
+    """x, residual: [M, N]. Returns (y, h or empty, mean or empty, rstd) like reference.norm_forward."""
+    m, n = x.shape
+    dev = x.device
+    y = torch.empty((m, n), dtype=x.dtype, device=dev)
+    h = torch.empty((m, n), dtype=x.dtype, device=dev) if residual is not None else _empty(dev, x.dtype)
+    mean = _empty(dev) if is_rms else torch.empty(m, dtype=torch.float32, device=dev)
+    rstd = torch.empty(m, dtype=torch.float32, device=dev)
+    if m == 0:
+        return y, h, mean, rstd
+    flags = dict(IS_RMS=is_rms, HAS_W=weight is not None, HAS_B=bias is not None,
+                 HAS_RES=residual is not None)  # fmt: skip
+    r = residual if residual is not None else x
+    stride_r = r.stride(0)
+    if use_wide_path(n):
+        K.norm_fwd_wide_kernel[(m,)](
+            x, r, weight, bias, y, h, mean, rstd, n, x.stride(0), stride_r, eps,
+            BLOCK_N=WIDE_CHUNK, num_warps=WIDE_WARPS, **flags,
+        )  # fmt: skip
+    else:
+        block_m, block_n, num_warps = block_config(n)
+        K.norm_fwd_block_kernel[(triton.cdiv(m, block_m),)](
+            x, r, weight, bias, y, h, mean, rstd, m, n, x.stride(0), stride_r, eps,
+            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, **flags,
+        )  # fmt: skip
+    return y, h, mean, rstd
+
+
+def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
+    """dy, dh, x: [M, N]. Returns (dx, dweight or empty, dbias or empty)."""
+    m, n = x.shape
+    dev = x.device
+    dx = torch.empty((m, n), dtype=x.dtype, device=dev)
+    has_w, has_b = weight is not None, bias is not None
+    if m == 0:
+        dw = torch.zeros_like(weight) if has_w else _empty(dev, x.dtype)
+        db = torch.zeros_like(bias) if has_b else _empty(dev, x.dtype)
+        return dx, dw, db
+    dh_arg = dh if dh is not None else dy
+    if use_wide_path(n):
+        K.norm_bwd_wide_dx_kernel[(m,)](
+            x, weight, dy, dh_arg, dx, mean, rstd, n, x.stride(0), dy.stride(0),
+            dh_arg.stride(0), IS_RMS=is_rms, HAS_W=has_w, HAS_DH=dh is not None,
+            BLOCK_N=WIDE_CHUNK, num_warps=WIDE_WARPS,
+        )  # fmt: skip
+        if not (has_w or has_b):
+            return dx, _empty(dev, x.dtype), _empty(dev, x.dtype)
+        block_n, block_m = 256, 16
+        groups = max(1, min(triton.cdiv(m, block_m), 4 * _programs_per_wave(dev) // triton.cdiv(n, block_n)))
+        rows_per_group = triton.cdiv(m, groups)
+        dw_part = torch.empty((groups, n), dtype=torch.float32, device=dev) if has_w else None
+        db_part = torch.empty((groups, n), dtype=torch.float32, device=dev) if has_b else None
+        K.norm_bwd_wide_dw_kernel[(triton.cdiv(n, block_n), groups)](
+            x, dy, mean, rstd, dw_part, db_part, m, n, x.stride(0), dy.stride(0), rows_per_group,
+            IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, BLOCK_M=block_m, BLOCK_N=block_n,
+            num_warps=4,
+        )  # fmt: skip
+    else:
+        block_m, block_n, num_warps = block_config(n, backward=True)
+        programs = min(triton.cdiv(m, block_m), BWD_PROGRAMS_PER_SM * _programs_per_wave(dev))
+        dw_part = torch.empty((programs, n), dtype=torch.float32, device=dev) if has_w else None
+        db_part = torch.empty((programs, n), dtype=torch.float32, device=dev) if has_b else None
+        K.norm_bwd_block_kernel[(programs,)](
+            x, weight, dy, dh_arg, dx, mean, rstd, dw_part, db_part, m, n, x.stride(0),
+            dy.stride(0), dh_arg.stride(0), programs, triton.cdiv(triton.cdiv(m, block_m), programs),
+            IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b,
+            HAS_DH=dh is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
+        )  # fmt: skip
+    # second stage of the weight-gradient reduction: a fixed-order sum over programs, in fp32
+    dw = dw_part.sum(0).to(weight.dtype) if has_w else _empty(dev, x.dtype)
+    db = db_part.sum(0).to(bias.dtype) if has_b else _empty(dev, x.dtype)
+    return dx, dw, db

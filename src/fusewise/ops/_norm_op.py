@@ -1,0 +1,88 @@
+"""The normalisation custom ops (fusewise::norm_fwd / fusewise::norm_bwd) and their autograd.
+
+Registered with torch.library so torch.compile(fullgraph=True) traces through them (fake
+implementations give shapes) and CUDA graphs capture them (no host sync). Each op runs the Triton
+kernel, or the eager reference with a warning naming the reason (ops/_dispatch.py).
+Inputs are 2-D [M, N]; the public functions in layer_norm.py / rms_norm.py flatten and validate.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import _dispatch, _norm_launch
+
+
+def _op_name(is_rms: bool, has_residual: bool) -> str:
+    return "add_rms_norm" if has_residual else ("rms_norm" if is_rms else "layer_norm")
+
+
+@torch.library.custom_op("fusewise::norm_fwd", mutates_args=())
+def norm_fwd(x: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Tensor | None,
+             eps: float, is_rms: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """Returns (y, h = x + residual or empty, mean or empty, rstd); mean/rstd fp32 per row."""
+    path = _dispatch.choose_path(_op_name(is_rms, residual is not None), x, residual, weight, bias)
+    if path == _dispatch.REFERENCE:
+        from . import reference
+
+        return reference.norm_forward(x, residual, weight, bias, eps, is_rms)
+    return _norm_launch.norm_forward(x, residual, weight, bias, eps, is_rms)
+
+
+@norm_fwd.register_fake
+def _(x, residual, weight, bias, eps, is_rms):
+    m = x.shape[0]
+    h = torch.empty_like(x) if residual is not None else x.new_empty(0)
+    mean = x.new_empty(0 if is_rms else m, dtype=torch.float32)
+    return torch.empty_like(x), h, mean, x.new_empty(m, dtype=torch.float32)
+
+
+@torch.library.custom_op("fusewise::norm_bwd", mutates_args=())
+def norm_bwd(dy: Tensor, dh: Tensor | None, x: Tensor, weight: Tensor | None, bias: Tensor | None,
+             mean: Tensor, rstd: Tensor, is_rms: bool) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """Returns (dx, dweight or empty, dbias or empty). x is the normalised input (h for add+RMS);
+    dh is the gradient reaching h directly (add_rms_norm's second output), added to dx."""
+    name = _op_name(is_rms, dh is not None) + ".backward"
+    path = _dispatch.choose_path(name, dy, dh, x, weight, bias)
+    if path == _dispatch.REFERENCE:
+        from . import reference
+
+        return reference.norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms)
+    return _norm_launch.norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms)
+
+
+@norm_bwd.register_fake
+def _(dy, dh, x, weight, bias, mean, rstd, is_rms):
+    dw = torch.empty_like(weight) if weight is not None else x.new_empty(0)
+    db = torch.empty_like(bias) if bias is not None else x.new_empty(0)
+    return torch.empty_like(x), dw, db
+
+
+def _setup_context(ctx, inputs, output):
+    x, residual, weight, bias, eps, is_rms = inputs
+    y, h, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.is_rms = is_rms
+    ctx.has_residual = residual is not None
+    ctx.save_for_backward(h if residual is not None else x, weight, bias, mean, rstd)
+
+
+def _backward(ctx, dy, dh, _dmean, _drstd):
+    x, weight, bias, mean, rstd = ctx.saved_tensors
+    if dy is None:
+        dy = torch.zeros_like(x)
+    dh = dh if ctx.has_residual else None
+    dx, dw, db = norm_bwd(_rows(dy), _rows(dh), x, weight, bias, mean, rstd, ctx.is_rms)
+    dres = dx if ctx.has_residual else None
+    return dx, dres, (dw if weight is not None else None), (db if bias is not None else None), None, None
+
+
+def _rows(t: Tensor | None) -> Tensor | None:
+    """Incoming gradients may be expanded or transposed views: the kernels need unit stride on N."""
+    if t is None or t.stride(-1) == 1:
+        return t
+    return t.contiguous()
+
+
+torch.library.register_autograd("fusewise::norm_fwd", _backward, setup_context=_setup_context)
