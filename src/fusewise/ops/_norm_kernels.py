@@ -133,8 +133,10 @@ def norm_bwd_block_kernel(X, W, DY, DH, DX, Mean, Rstd, DW_part, DB_part, M, N, 
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) if HAS_W else None
-    dw_acc = tl.zeros([BLOCK_N], tl.float32)
-    db_acc = tl.zeros([BLOCK_N], tl.float32)
+    # accumulate whole tiles and reduce over rows once at the end: a reduction across rows in
+    # every iteration costs a shared-memory round trip per tile (seen: 6x slower at N=256)
+    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    db_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for i in range(0, tiles_per_program):
         rows = (pid + i * n_programs) * BLOCK_M + tl.arange(0, BLOCK_M)  # past M: masked off
         row_ok = rows < M
@@ -151,13 +153,13 @@ def norm_bwd_block_kernel(X, W, DY, DH, DX, Mean, Rstd, DW_part, DB_part, M, N, 
             )
         tl.store(DX + rows64 * N + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         if HAS_W:
-            dw_acc += tl.sum(dy * xhat, axis=0)
+            dw_acc += dy * xhat
         if HAS_B:
-            db_acc += tl.sum(dy, axis=0)
+            db_acc += dy
     if HAS_W:
-        tl.store(DW_part + pid.to(tl.int64) * N + cols, dw_acc, mask=col_ok)
+        tl.store(DW_part + pid.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
     if HAS_B:
-        tl.store(DB_part + pid.to(tl.int64) * N + cols, db_acc, mask=col_ok)
+        tl.store(DB_part + pid.to(tl.int64) * N + cols, tl.sum(db_acc, axis=0), mask=col_ok)
 
 
 @triton.jit
