@@ -2,7 +2,7 @@ import torch, fusewise as fw
 from fusewise.ops import reference as R
 torch.manual_seed(0)
 import fusewise.ops._norm_launch as L
-L.MAX_BLOCK_N = 512; L.WIDE_CHUNK=256  # small limits: exercise the wide path too
+L.MAX_BLOCK_N = L.MAX_BLOCK_N_FWD = 512; L.WIDE_CHUNK=256  # small limits: exercise the wide path too
 for N in [7, 760, 1823]:
   for kind in ['ln','rms','add']:
     x = torch.randn(5, N, requires_grad=True, device="cuda"); w = torch.randn(N, requires_grad=True, device="cuda"); b = torch.randn(N, requires_grad=True, device="cuda"); r=torch.randn(5,N,requires_grad=True, device="cuda")

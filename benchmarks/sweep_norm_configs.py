@@ -56,20 +56,15 @@ def main():
     block_widths = [256, 1024, 4096, 8192, 16384]
     for op in sys.argv[1:] or ["rms_norm"]:
         print(f"# {block_widths}")
-        for tile, ept in itertools.product([2048, 4096, 8192], [8, 16, 32]):
-            L.TILE_ELEMENTS, L.FWD_ELEMENTS_PER_THREAD = tile, ept
-            row(f"fwd {op} tile={tile} ept={ept}", [pct(op, "fwd", n, ceiling) for n in block_widths])
-        L.TILE_ELEMENTS, L.FWD_ELEMENTS_PER_THREAD = 4096, 16
-        for tile, ept, pps in itertools.product([2048, 4096, 8192], [4, 8, 16], [1, 2, 4]):
-            L.TILE_ELEMENTS, L.BWD_ELEMENTS_PER_THREAD, L.BWD_PROGRAMS_PER_SM = tile, ept, pps
+        row(f"fwd {op} defaults", [pct(op, "fwd", n, ceiling) for n in block_widths + [32768]])
+        for tile, ept, pps in itertools.product([2048, 4096, 8192], [8, 16], [1, 2, 4]):
+            L.TILE_ELEMENTS_BWD, L.BWD_ELEMENTS_PER_THREAD, L.BWD_PROGRAMS_PER_SM = tile, ept, pps
             row(f"bwd {op} tile={tile} ept={ept} pps={pps}", [pct(op, "bwd", n, ceiling) for n in block_widths])
-        L.TILE_ELEMENTS, L.BWD_ELEMENTS_PER_THREAD, L.BWD_PROGRAMS_PER_SM = 4096, 8, 2
-        print("# wide: fwd 65536 262144, bwd 32768 65536 262144")
-        for chunk, warps in itertools.product([2048, 4096, 8192, 16384], [8, 16, 32]):
-            L.MAX_BLOCK_N, L.WIDE_CHUNK, L.WIDE_WARPS = 16384, chunk, warps
-            fwd = [pct(op, "fwd", n, ceiling) for n in (65536, 262144)]
-            row(f"wide {op} chunk={chunk} warps={warps}", fwd + [pct(op, "bwd", n, ceiling) for n in (32768, 65536, 262144)])
-        L.MAX_BLOCK_N, L.WIDE_CHUNK, L.WIDE_WARPS = 16384, 4096, 16
+        L.TILE_ELEMENTS_BWD, L.BWD_ELEMENTS_PER_THREAD, L.BWD_PROGRAMS_PER_SM = 4096, 16, 2
+        for maxw in (8, 32):
+            L.MAX_WARPS_BWD = maxw
+            row(f"bwd {op} max_warps={maxw}", [pct(op, "bwd", n, ceiling) for n in block_widths])
+        L.MAX_WARPS_BWD = 16
 
 
 if __name__ == "__main__":

@@ -17,12 +17,20 @@ from . import _norm_kernels as K
 # Widest row the block path keeps in registers (fp32 values per thread stay <= 32 at 16 warps).
 # Wider rows take the chunked wide path. Module-level so tests can lower it to reach that path
 # with small shapes.
-MAX_BLOCK_N = 16384
+MAX_BLOCK_N = 16384  # backward
+MAX_BLOCK_N_FWD = 32768  # forward holds only x: 89% of the copy ceiling at 32768 vs 75% chunked
 WIDE_CHUNK = 4096  # elements per chunk on the wide path
 WIDE_WARPS = 16
-TILE_ELEMENTS = 4096  # target elements per program on the block path (several short rows each)
-FWD_ELEMENTS_PER_THREAD = 16  # sets num_warps on the block path (x only in registers)
-BWD_ELEMENTS_PER_THREAD = 8  # backward holds x and dy
+# Block-path tiles and warps, from benchmarks/sweep_norm_configs.py on an H200 (bf16, 2**27
+# elements): forward 2048-element tiles at 16 elements a thread (at most 16 warps) reached 93-97%
+# of the copy ceiling at widths 256..16384; backward 4096-element tiles, 16 a thread, 2 programs
+# per SM was the best single setting.
+TILE_ELEMENTS_FWD = 2048
+TILE_ELEMENTS_BWD = 4096
+FWD_ELEMENTS_PER_THREAD = 16
+BWD_ELEMENTS_PER_THREAD = 16
+MAX_WARPS_FWD = 16
+MAX_WARPS_BWD = 16
 BWD_PROGRAMS_PER_SM = 2  # persistent backward: programs per multiprocessor
 
 
@@ -40,15 +48,16 @@ def _programs_per_wave(device: torch.device) -> int:
 def block_config(n: int, backward: bool = False) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for rows of n elements on the block path."""
     block_n = triton.next_power_of_2(n)
-    block_m = max(1, TILE_ELEMENTS // block_n)
+    block_m = max(1, (TILE_ELEMENTS_BWD if backward else TILE_ELEMENTS_FWD) // block_n)
     elements = block_m * block_n
     per_thread = BWD_ELEMENTS_PER_THREAD if backward else FWD_ELEMENTS_PER_THREAD
-    num_warps = min(32, max(4, elements // (32 * per_thread)))
+    max_warps = MAX_WARPS_BWD if backward else MAX_WARPS_FWD
+    num_warps = min(max_warps, max(4, elements // (32 * per_thread)))
     return block_m, block_n, num_warps
 
 
-def use_wide_path(n: int) -> bool:
-    return n > MAX_BLOCK_N
+def use_wide_path(n: int, backward: bool = False) -> bool:
+    return n > (MAX_BLOCK_N if backward else MAX_BLOCK_N_FWD)
 
 
 def _empty(device, dtype=torch.float32):
@@ -94,7 +103,7 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
         db = torch.zeros_like(bias) if has_b else _empty(dev, x.dtype)
         return dx, dw, db
     dh_arg = dh if dh is not None else dy
-    if use_wide_path(n):
+    if use_wide_path(n, backward=True):
         K.norm_bwd_wide_dx_kernel[(m,)](
             x, weight, dy, dh_arg, dx, mean, rstd, n, x.stride(0), dy.stride(0),
             dh_arg.stride(0), IS_RMS=is_rms, HAS_W=has_w, HAS_DH=dh is not None,
