@@ -122,21 +122,25 @@ def _dx_tile(x, dy, w, mean, rstd, mask, N, IS_RMS: tl.constexpr, HAS_W: tl.cons
 
 
 @triton.jit
-def _load_bwd_tile(X, DY, tile, M, N, stride_x, stride_dy, cols, col_ok, BLOCK_M: tl.constexpr):
+def _load_bwd_tile(X, DY, Mean, Rstd, tile, M, stride_x, stride_dy, cols, col_ok,
+                   IS_RMS: tl.constexpr, BLOCK_M: tl.constexpr):  # fmt: skip
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # tiles past the end are fully masked off
-    mask = (rows < M)[:, None] & col_ok[None, :]
+    row_ok = rows < M
+    mask = row_ok[:, None] & col_ok[None, :]
     rows64 = rows.to(tl.int64)[:, None]
     x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0)
     dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0)
-    return x, dy
+    rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
+    mean = rstd if IS_RMS else tl.load(Mean + rows, mask=row_ok, other=0.0)
+    return x, dy, mean, rstd
 
 
 @triton.jit
 def norm_bwd_block_kernel(X, W, DY, DH, DX, Mean, Rstd, DW_part, DB_part, M, N, stride_x,
                           stride_dy, stride_dh, n_programs, tiles_per_program,
                           IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                          HAS_DH: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr):  # fmt: skip
+                          HAS_DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          PREFETCH: tl.constexpr):  # fmt: skip
     """Persistent: program p takes row tiles p, p+P, ...; writes dx, and its fp32 partial sums
     of dy·x̂ and dy into row p of DW_part / DB_part (summed afterwards: deterministic, no atomics).
     Reads x and dy once, writes dx once."""
@@ -148,22 +152,24 @@ def norm_bwd_block_kernel(X, W, DY, DH, DX, Mean, Rstd, DW_part, DB_part, M, N, 
     # every iteration costs a shared-memory round trip per tile (seen: 6x slower at N=256)
     dw_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     db_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    # software prefetch: the next tile's loads are in flight while this tile is computed, which
-    # doubles the bytes each program keeps in flight (a persistent program otherwise idles on
-    # every load)
-    x_next, dy_next = _load_bwd_tile(X, DY, pid, M, N, stride_x, stride_dy, cols, col_ok, BLOCK_M)
+    # software prefetch: the next tile's loads (statistics too) are in flight while this tile is
+    # computed; a persistent program otherwise idles on every load. Off for the widest blocks,
+    # where the second set of registers spills (seen: 5% of the copy ceiling at N=16384).
+    nxt = _load_bwd_tile(X, DY, Mean, Rstd, pid, M, stride_x, stride_dy, cols, col_ok, IS_RMS,
+                         BLOCK_M)  # fmt: skip
     for i in range(0, tiles_per_program):
         tile = pid + i * n_programs
-        x_raw, dy_raw = x_next, dy_next
-        x_next, dy_next = _load_bwd_tile(X, DY, tile + n_programs, M, N, stride_x, stride_dy,
-                                         cols, col_ok, BLOCK_M)  # fmt: skip
+        if PREFETCH:
+            x_raw, dy_raw, mean, rstd = nxt
+            nxt = _load_bwd_tile(X, DY, Mean, Rstd, tile + n_programs, M, stride_x, stride_dy,
+                                 cols, col_ok, IS_RMS, BLOCK_M)  # fmt: skip
+        else:
+            x_raw, dy_raw, mean, rstd = _load_bwd_tile(X, DY, Mean, Rstd, tile, M, stride_x,
+                                                       stride_dy, cols, col_ok, IS_RMS, BLOCK_M)  # fmt: skip
         x, dy = x_raw.to(tl.float32), dy_raw.to(tl.float32)
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < M
-        mask = row_ok[:, None] & col_ok[None, :]
+        mask = (rows < M)[:, None] & col_ok[None, :]
         rows64 = rows.to(tl.int64)[:, None]
-        rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
-        mean = None if IS_RMS else tl.load(Mean + rows, mask=row_ok, other=0.0)
         dx, xhat = _dx_tile(x, dy, w, mean, rstd, mask, N, IS_RMS, HAS_W)
         if HAS_DH:
             dx += tl.load(DH + rows64 * stride_dh + cols[None, :], mask=mask, other=0.0).to(

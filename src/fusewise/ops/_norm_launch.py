@@ -31,6 +31,7 @@ FWD_ELEMENTS_PER_THREAD = 16
 BWD_ELEMENTS_PER_THREAD = 16
 MAX_WARPS_FWD = 16
 MAX_WARPS_BWD = 16
+PREFETCH_MAX_N = 8192  # wider rows: no software prefetch in the backward (registers spill)
 BWD_PROGRAMS_PER_SM = 2  # persistent backward: programs per multiprocessor
 
 
@@ -52,6 +53,8 @@ def block_config(n: int, backward: bool = False) -> tuple[int, int, int]:
     elements = block_m * block_n
     per_thread = BWD_ELEMENTS_PER_THREAD if backward else FWD_ELEMENTS_PER_THREAD
     max_warps = MAX_WARPS_BWD if backward else MAX_WARPS_FWD
+    if backward and block_n > PREFETCH_MAX_N:
+        max_warps = 32  # one row per program without prefetch: as many loads in flight as fit
     num_warps = min(max_warps, max(4, elements // (32 * per_thread)))
     return block_m, block_n, num_warps
 
@@ -130,7 +133,8 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
             x, weight, dy, dh_arg, dx, mean, rstd, dw_part, db_part, m, n, x.stride(0),
             dy.stride(0), dh_arg.stride(0), programs, triton.cdiv(triton.cdiv(m, block_m), programs),
             IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b,
-            HAS_DH=dh is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
+            HAS_DH=dh is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+            PREFETCH=block_n <= PREFETCH_MAX_N, num_warps=num_warps,
         )  # fmt: skip
     # second stage of the weight-gradient reduction: a fixed-order sum over programs, in fp32
     dw = dw_part.sum(0).to(weight.dtype) if has_w else _empty(dev, x.dtype)
