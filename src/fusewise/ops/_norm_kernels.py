@@ -18,6 +18,18 @@ import triton.language as tl
 
 
 @triton.jit
+def _round(y, DTYPE: tl.constexpr):
+    """fp32 -> DTYPE with round-to-nearest-even on every backend. Triton's interpreter truncates
+    fp32 -> bf16 (3.6), which would make CPU tests disagree with the GPU; rounding the bits first
+    leaves a value bf16 holds exactly, so the final cast is exact on both. NaN passes through."""
+    if DTYPE == tl.bfloat16:
+        bits = y.to(tl.uint32, bitcast=True)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        y = tl.where(y != y, y, bits.to(tl.float32, bitcast=True))
+    return y.to(DTYPE)
+
+
+@triton.jit
 def _load_row_tile(X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES: tl.constexpr,
                    STORE_H: tl.constexpr):  # fmt: skip
     """Load x (or x + residual, rounded to the activation dtype and optionally stored) as fp32."""
@@ -25,7 +37,7 @@ def _load_row_tile(X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES: tl
     x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
     if HAS_RES:
         r = tl.load(R + rows64[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
-        h = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
+        h = _round(x.to(tl.float32) + r.to(tl.float32), X.dtype.element_ty)
         if STORE_H:
             tl.store(H + rows64[:, None] * N + cols[None, :], h, mask=mask)
         x = h
@@ -59,7 +71,7 @@ def norm_fwd_block_kernel(X, R, W, B, Y, H, Mean, Rstd, M, N, stride_x, stride_r
     if HAS_B:
         y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     y_ptrs = Y + rows.to(tl.int64)[:, None] * N + cols[None, :]
-    tl.store(y_ptrs, y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(y_ptrs, _round(y, Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -105,7 +117,7 @@ def norm_fwd_wide_kernel(X, R, W, B, Y, H, Mean, Rstd, N, stride_x, stride_r, ep
             y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if HAS_B:
             y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        tl.store(Y + row.to(tl.int64) * N + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+        tl.store(Y + row.to(tl.int64) * N + cols[None, :], _round(y, Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -175,7 +187,7 @@ def norm_bwd_block_kernel(X, W, DY, DH, DX, Mean, Rstd, DW_part, DB_part, M, N, 
             dx += tl.load(DH + rows64 * stride_dh + cols[None, :], mask=mask, other=0.0).to(
                 tl.float32
             )
-        tl.store(DX + rows64 * N + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        tl.store(DX + rows64 * N + cols[None, :], _round(dx, DX.dtype.element_ty), mask=mask)
         if HAS_W:
             dw_acc += dy * xhat
         if HAS_B:
@@ -224,7 +236,7 @@ def norm_bwd_wide_dx_kernel(X, W, DY, DH, DX, Mean, Rstd, N, stride_x, stride_dy
         dx = dx * rstd[:, None]
         if HAS_DH:
             dx += tl.load(DH + row64 * stride_dh + cols, mask=col_ok, other=0.0).to(tl.float32)
-        tl.store(DX + row64 * N + cols[None, :], dx.to(DX.dtype.element_ty), mask=col_ok[None, :])
+        tl.store(DX + row64 * N + cols[None, :], _round(dx, DX.dtype.element_ty), mask=col_ok[None, :])
 
 
 @triton.jit
@@ -259,3 +271,23 @@ def norm_bwd_wide_dw_kernel(X, DY, Mean, Rstd, DW_part, DB_part, M, N, stride_x,
         tl.store(DW_part + group.to(tl.int64) * N + cols, dw_acc, mask=col_ok)
     if HAS_B:
         tl.store(DB_part + group.to(tl.int64) * N + cols, db_acc, mask=col_ok)
+
+
+@triton.jit
+def sum_partials_kernel(DW_part, DB_part, DW, DB, P, N, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                        BLOCK_N: tl.constexpr):  # fmt: skip
+    """Second stage of the weight-gradient reduction: sum the P partial rows in a fixed order in
+    fp32 and write dweight / dbias in their own dtype (one launch for both)."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    dw = tl.zeros([BLOCK_N], tl.float32)
+    db = tl.zeros([BLOCK_N], tl.float32)
+    for p in range(0, P):
+        if HAS_W:
+            dw += tl.load(DW_part + p * N + cols, mask=col_ok, other=0.0)
+        if HAS_B:
+            db += tl.load(DB_part + p * N + cols, mask=col_ok, other=0.0)
+    if HAS_W:
+        tl.store(DW + cols, _round(dw, DW.dtype.element_ty), mask=col_ok)
+    if HAS_B:
+        tl.store(DB + cols, _round(db, DB.dtype.element_ty), mask=col_ok)

@@ -26,13 +26,22 @@ WIDE_WARPS = 16
 # of the copy ceiling at widths 256..16384; backward 4096-element tiles, 16 a thread, 2 programs
 # per SM was the best single setting.
 TILE_ELEMENTS_FWD = 2048
-TILE_ELEMENTS_BWD = 4096
+TILE_ELEMENTS_BWD = 4096  # RMSNorm; LayerNorm (two more live tiles: mean, dbias) prefers
+TILE_ELEMENTS_BWD_LN = 8192  # larger tiles, fewer warps and one program per SM
+BWD_ELEMENTS_PER_THREAD_LN = 8
+BWD_PROGRAMS_PER_SM_LN = 1
 FWD_ELEMENTS_PER_THREAD = 16
 BWD_ELEMENTS_PER_THREAD = 16
 MAX_WARPS_FWD = 16
 MAX_WARPS_BWD = 16
 PREFETCH_MAX_N = 8192  # wider rows: no software prefetch in the backward (registers spill)
 BWD_PROGRAMS_PER_SM = 2  # persistent backward: programs per multiprocessor
+
+
+def alloc(shape, dtype, device) -> torch.Tensor:
+    """Every output buffer comes from here (tests replace it with a NaN-filled allocator, so an
+    element a kernel fails to write shows up)."""
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,12 +55,17 @@ def _programs_per_wave(device: torch.device) -> int:
     return _sm_count(device.index or 0) if device.type == "cuda" else 3
 
 
-def block_config(n: int, backward: bool = False) -> tuple[int, int, int]:
+def block_config(n: int, backward: bool = False, is_rms: bool = True) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for rows of n elements on the block path."""
     block_n = triton.next_power_of_2(n)
-    block_m = max(1, (TILE_ELEMENTS_BWD if backward else TILE_ELEMENTS_FWD) // block_n)
+    if not backward:
+        tile, per_thread = TILE_ELEMENTS_FWD, FWD_ELEMENTS_PER_THREAD
+    elif is_rms:
+        tile, per_thread = TILE_ELEMENTS_BWD, BWD_ELEMENTS_PER_THREAD
+    else:
+        tile, per_thread = TILE_ELEMENTS_BWD_LN, BWD_ELEMENTS_PER_THREAD_LN
+    block_m = max(1, tile // block_n)
     elements = block_m * block_n
-    per_thread = BWD_ELEMENTS_PER_THREAD if backward else FWD_ELEMENTS_PER_THREAD
     max_warps = MAX_WARPS_BWD if backward else MAX_WARPS_FWD
     if backward and block_n > PREFETCH_MAX_N:
         max_warps = 32  # one row per program without prefetch: as many loads in flight as fit
@@ -67,14 +81,20 @@ def _empty(device, dtype=torch.float32):
     return torch.empty(0, dtype=dtype, device=device)
 
 
+def _partials(rows: int, n: int, has_w: bool, has_b: bool, dev):
+    """fp32 buffers for per-program partial weight/bias gradients, in one allocation."""
+    buf = alloc((int(has_w) + int(has_b), rows, n), torch.float32, dev)
+    return (buf[0] if has_w else None), (buf[-1] if has_b else None)
+
+
 def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
     """x, residual: [M, N]. Returns (y, h or empty, mean or empty, rstd) like reference.norm_forward."""
     m, n = x.shape
     dev = x.device
-    y = torch.empty((m, n), dtype=x.dtype, device=dev)
-    h = torch.empty((m, n), dtype=x.dtype, device=dev) if residual is not None else _empty(dev, x.dtype)
-    mean = _empty(dev) if is_rms else torch.empty(m, dtype=torch.float32, device=dev)
-    rstd = torch.empty(m, dtype=torch.float32, device=dev)
+    y = alloc((m, n), x.dtype, dev)
+    h = alloc((m, n), x.dtype, dev) if residual is not None else _empty(dev, x.dtype)
+    mean = _empty(dev) if is_rms else alloc(m, torch.float32, dev)
+    rstd = alloc(m, torch.float32, dev)
     if m == 0:
         return y, h, mean, rstd
     flags = dict(IS_RMS=is_rms, HAS_W=weight is not None, HAS_B=bias is not None,
@@ -99,7 +119,7 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     """dy, dh, x: [M, N]. Returns (dx, dweight or empty, dbias or empty)."""
     m, n = x.shape
     dev = x.device
-    dx = torch.empty((m, n), dtype=x.dtype, device=dev)
+    dx = alloc((m, n), x.dtype, dev)
     has_w, has_b = weight is not None, bias is not None
     if m == 0:
         dw = torch.zeros_like(weight) if has_w else _empty(dev, x.dtype)
@@ -113,22 +133,21 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
             BLOCK_N=WIDE_CHUNK, num_warps=WIDE_WARPS,
         )  # fmt: skip
         if not (has_w or has_b):
-            return dx, _empty(dev, x.dtype), _empty(dev, x.dtype)
+            return dx, *_finish_weight_grads(None, None, weight, bias, dev, x.dtype)
         block_n, block_m = 256, 16
         groups = max(1, min(triton.cdiv(m, block_m), 4 * _programs_per_wave(dev) // triton.cdiv(n, block_n)))
         rows_per_group = triton.cdiv(m, groups)
-        dw_part = torch.empty((groups, n), dtype=torch.float32, device=dev) if has_w else None
-        db_part = torch.empty((groups, n), dtype=torch.float32, device=dev) if has_b else None
+        dw_part, db_part = _partials(groups, n, has_w, has_b, dev)
         K.norm_bwd_wide_dw_kernel[(triton.cdiv(n, block_n), groups)](
             x, dy, mean, rstd, dw_part, db_part, m, n, x.stride(0), dy.stride(0), rows_per_group,
             IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, BLOCK_M=block_m, BLOCK_N=block_n,
             num_warps=4,
         )  # fmt: skip
     else:
-        block_m, block_n, num_warps = block_config(n, backward=True)
-        programs = min(triton.cdiv(m, block_m), BWD_PROGRAMS_PER_SM * _programs_per_wave(dev))
-        dw_part = torch.empty((programs, n), dtype=torch.float32, device=dev) if has_w else None
-        db_part = torch.empty((programs, n), dtype=torch.float32, device=dev) if has_b else None
+        block_m, block_n, num_warps = block_config(n, backward=True, is_rms=is_rms)
+        per_sm = BWD_PROGRAMS_PER_SM if is_rms else BWD_PROGRAMS_PER_SM_LN
+        programs = min(triton.cdiv(m, block_m), per_sm * _programs_per_wave(dev))
+        dw_part, db_part = _partials(programs, n, has_w, has_b, dev)
         K.norm_bwd_block_kernel[(programs,)](
             x, weight, dy, dh_arg, dx, mean, rstd, dw_part, db_part, m, n, x.stride(0),
             dy.stride(0), dh_arg.stride(0), programs, triton.cdiv(triton.cdiv(m, block_m), programs),
@@ -136,7 +155,19 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
             HAS_DH=dh is not None, BLOCK_M=block_m, BLOCK_N=block_n,
             PREFETCH=block_n <= PREFETCH_MAX_N, num_warps=num_warps,
         )  # fmt: skip
-    # second stage of the weight-gradient reduction: a fixed-order sum over programs, in fp32
-    dw = dw_part.sum(0).to(weight.dtype) if has_w else _empty(dev, x.dtype)
-    db = db_part.sum(0).to(bias.dtype) if has_b else _empty(dev, x.dtype)
-    return dx, dw, db
+    return dx, *_finish_weight_grads(dw_part, db_part, weight, bias, dev, x.dtype)
+
+
+def _finish_weight_grads(dw_part, db_part, weight, bias, dev, dtype):
+    """Second stage of the weight-gradient reduction (fixed order, fp32), one launch."""
+    dw = alloc(weight.shape, weight.dtype, dev) if weight is not None else _empty(dev, dtype)
+    db = alloc(bias.shape, bias.dtype, dev) if bias is not None else _empty(dev, dtype)
+    part = dw_part if dw_part is not None else db_part
+    if part is None:
+        return dw, db
+    n = part.shape[1]
+    K.sum_partials_kernel[(triton.cdiv(n, 1024),)](
+        dw_part, db_part, dw, db, part.shape[0], n, HAS_W=weight is not None,
+        HAS_B=bias is not None, BLOCK_N=1024, num_warps=4,
+    )  # fmt: skip
+    return dw, db

@@ -1,0 +1,93 @@
+"""Shared helpers for the norm tests: inputs, float64 oracle, eager same-dtype baseline, errors."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import fusewise
+from fusewise.ops import reference
+
+# Slack added to eager PyTorch's own error (relative Frobenius norm, same dtype): about 1/16 of
+# the dtype's machine epsilon, so the fused op may round differently, never much worse.
+SLACK = {torch.float32: 1e-6, torch.float16: 6e-5, torch.bfloat16: 5e-4}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+OPS = ("layer_norm", "rms_norm", "add_rms_norm")
+
+
+def make_inputs(op, shape, dtype, device, *, weight_dtype=None, strided=False):
+    """Random non-zero inputs; strided=True gives x as a column slice of a wider tensor."""
+    n = shape[-1]
+    # non-zero mean exercises the centring
+    if strided:
+        wide = torch.randn(*shape[:-1], n + 5, device=device, dtype=dtype) * 2 + 0.5
+        x = wide[..., 2 : n + 2].requires_grad_()  # a leaf view: rows strided by n + 5
+    else:
+        x = (torch.randn(*shape, device=device, dtype=dtype) * 2 + 0.5).requires_grad_()
+    wd = weight_dtype or dtype
+    w = (1 + 0.3 * torch.randn(n, device=device, dtype=torch.float32)).to(wd).requires_grad_()
+    b = (0.2 * torch.randn(n, device=device, dtype=torch.float32)).to(wd).requires_grad_()
+    r = torch.randn(*shape, device=device, dtype=dtype).requires_grad_()
+    if op == "layer_norm":
+        return {"x": x, "weight": w, "bias": b}
+    if op == "rms_norm":
+        return {"x": x, "weight": w}
+    return {"x": x, "residual": r, "weight": w}
+
+
+def fused(op, a):
+    if op == "layer_norm":
+        return (fusewise.ops.layer_norm(a["x"], a["weight"], a["bias"]),)
+    if op == "rms_norm":
+        return (fusewise.ops.rms_norm(a["x"], a["weight"]),)
+    return fusewise.ops.add_rms_norm(a["x"], a["residual"], a["weight"])
+
+
+def oracle(op, a):
+    """The reference in float64 (on the CPU)."""
+    d = {k: v.detach().double().cpu().requires_grad_() for k, v in a.items()}
+    if op == "layer_norm":
+        return d, (reference.layer_norm(d["x"], d["weight"], d["bias"]),)
+    if op == "rms_norm":
+        return d, (reference.rms_norm(d["x"], d["weight"]),)
+    return d, reference.add_rms_norm(d["x"], d["residual"], d["weight"])
+
+
+def eager(op, a):
+    """Eager PyTorch in the activation dtype: the error bar the fused op must meet."""
+    d = {k: v.detach().clone().requires_grad_() for k, v in a.items()}
+    x, w = d["x"], d["weight"]
+    mixed = w.dtype != x.dtype  # eager mixed precision: compute in fp32, round the output
+    xin = x.float() if mixed else x
+    if op == "layer_norm":
+        y = F.layer_norm(xin, xin.shape[-1:], w.to(xin.dtype), d["bias"].to(xin.dtype), 1e-5)
+        return d, (y.to(x.dtype),)
+    if op == "rms_norm":
+        return d, (F.rms_norm(xin, xin.shape[-1:], w.to(xin.dtype), 1e-6).to(x.dtype),)
+    h = x + d["residual"]
+    hin = h.float() if mixed else h
+    return d, (F.rms_norm(hin, hin.shape[-1:], w.to(hin.dtype), 1e-6).to(x.dtype), h)
+
+
+def rel_err(got, ref, scale: float = 0.0):
+    """‖got − ref‖ / max(‖ref‖, scale). scale is the size of the terms a result is computed
+    from: where they cancel (dx of a 1-wide row is ~eps·dy), error is relative to them."""
+    got, ref = got.detach().double().cpu(), ref.detach().double().cpu()
+    assert torch.isfinite(got).all(), "non-finite values (an unwritten, NaN-poisoned element?)"
+    denom = max(ref.norm().item(), scale)
+    return (got - ref).norm().item() / denom if denom > 0 else (got - ref).norm().item()
+
+
+def dx_term_scale(op, ref_inputs, grad):
+    """‖rstd · w · dy‖ in float64: the size of the terms dx = rstd·(w·dy − x̂·c1 − c2) cancels."""
+    x = ref_inputs["x"].detach()
+    if op == "add_rms_norm":
+        x = x + ref_inputs["residual"].detach()
+    if op == "layer_norm":
+        x = x - x.mean(-1, keepdim=True)
+    rstd = torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6)
+    return (rstd * ref_inputs["weight"].detach() * grad.detach().double().cpu()).norm().item()
+
+
+def backward(outs, grads, inputs):
+    return torch.autograd.grad(outs, list(inputs.values()), grads, allow_unused=True)

@@ -1,0 +1,113 @@
+"""Fused norms against a float64 oracle, forward and backward, held to eager PyTorch's own error
+in the same dtype (plus a small slack). Runs the real Triton kernels: on the GPU, or on the CPU
+under the Triton interpreter."""
+
+import pytest
+import torch
+
+from fusewise.ops import _norm_launch
+from norm_cases import (DTYPES, OPS, SLACK, backward, dx_term_scale, eager, fused, make_inputs,
+                        oracle, rel_err)  # fmt: skip
+
+SHAPES = {
+    "M1-N7": (1, 7),
+    "M3-N1": (3, 1),
+    "M199-N760": (199, 760),
+    "M37-N1823": (37, 1823),
+    "B2-T5-N256": (2, 5, 256),  # 3-D input
+    "M64-N33": (64, 33),  # several rows per program on the block path
+}
+
+
+def check(op, a, slack):
+    outs = fused(op, a)
+    ref_in, ref_outs = oracle(op, a)
+    eag_in, eag_outs = eager(op, a)
+    for got, ref, base in zip(outs, ref_outs, eag_outs):
+        assert got.shape == ref.shape and got.dtype == a["x"].dtype
+        assert rel_err(got, ref) <= rel_err(base, ref) + slack
+    grads = [torch.randn_like(o) for o in outs]
+    got_g = backward(outs, grads, a)
+    ref_g = backward(ref_outs, [g.double().cpu() for g in grads], ref_in)
+    eag_g = backward(eag_outs, grads, eag_in)
+    scale = dx_term_scale(op, ref_in, grads[0])
+    for name, got, ref, base in zip(a, got_g, ref_g, eag_g):
+        assert got is not None and got.dtype == a[name].dtype, name
+        s = scale if name in ("x", "residual") else 0.0
+        err, base_err = rel_err(got, ref, s), rel_err(base, ref, s)
+        assert err <= base_err + slack, f"d{name}: {err:.3g} > eager {base_err:.3g} + {slack}"
+
+
+@pytest.mark.parametrize("dname", list(DTYPES))
+@pytest.mark.parametrize("shape_id", list(SHAPES))
+@pytest.mark.parametrize("op", OPS)
+def test_block_path(op, shape_id, dname, device):
+    dtype = DTYPES[dname]
+    check(op, make_inputs(op, SHAPES[shape_id], dtype, device), SLACK[dtype])
+
+
+@pytest.mark.parametrize("dname", ["fp32", "bf16"])
+@pytest.mark.parametrize("op", OPS)
+def test_wide_path(op, dname, device, monkeypatch):
+    """Rows wider than one block: the chunked kernels, reached at small sizes by lowering the
+    block limit (the same code runs for rows past 16384 / 32768 elements)."""
+    monkeypatch.setattr(_norm_launch, "MAX_BLOCK_N", 256)
+    monkeypatch.setattr(_norm_launch, "MAX_BLOCK_N_FWD", 256)
+    monkeypatch.setattr(_norm_launch, "WIDE_CHUNK", 128)
+    dtype = DTYPES[dname]
+    check(op, make_inputs(op, (9, 1823), dtype, device), SLACK[dtype])
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_wide_row_at_real_limits(op, device):
+    """65,537 elements: past the forward and backward block limits, with the shipped chunking."""
+    assert _norm_launch.use_wide_path(65537) and _norm_launch.use_wide_path(65537, backward=True)
+    check(op, make_inputs(op, (2, 65537), torch.float32, device), SLACK[torch.float32])
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_strided_input(op, device):
+    a = make_inputs(op, (23, 300), torch.float32, device, strided=True)
+    assert a["x"].stride(-1) == 1 and a["x"].stride(0) == 305  # rows strided, no copy needed
+    check(op, a, SLACK[torch.float32])
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_transposed_input(op, device):
+    """Unit stride is not along the normalised dim: the op copies, and still computes right."""
+    a = make_inputs(op, (40, 24), torch.float32, device)
+    a["x"] = a["x"].detach().t().contiguous().t().requires_grad_()
+    assert a["x"].stride(-1) != 1
+    check(op, a, SLACK[torch.float32])
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_fp32_weight_with_bf16_activations(op, device):
+    a = make_inputs(op, (50, 384), torch.bfloat16, device, weight_dtype=torch.float32)
+    check(op, a, SLACK[torch.bfloat16])
+
+
+def test_weight_gradient_is_deterministic(device):
+    a = make_inputs("layer_norm", (300, 96), torch.float32, device)
+    out = fused("layer_norm", a)
+    g = [torch.randn_like(out[0])]
+    first = backward(out, g, a)
+    second = backward(fused("layer_norm", a), g, a)
+    for u, v in zip(first, second):
+        assert torch.equal(u, v)
+
+
+def test_no_weight_no_bias(device):
+    import fusewise
+
+    x = torch.randn(17, 100, device=device, requires_grad=True)
+    for fn, ref in [(fusewise.ops.layer_norm, lambda t: torch.nn.functional.layer_norm(t, (100,))),
+                    (fusewise.ops.rms_norm, lambda t: torch.nn.functional.rms_norm(t, (100,), eps=1e-6))]:
+        y = fn(x)
+        yd = ref(x.detach().double().requires_grad_())
+        assert rel_err(y, yd) < 1e-6
+        g = torch.randn_like(y)
+        (dx,) = torch.autograd.grad(y, x, g)
+        xd = x.detach().double().requires_grad_()
+        (dxd,) = torch.autograd.grad(ref(xd), xd, g.double())
+        assert rel_err(dx, dxd) < 1e-5
