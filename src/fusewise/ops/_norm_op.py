@@ -63,6 +63,7 @@ class _NormFunction(torch.autograd.Function):
         return y, h
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # double backward: a clear error, not zeros
     def backward(ctx, dy, dh):
         return _backward(ctx, dy, dh, backward_impl)
 

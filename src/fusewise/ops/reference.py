@@ -49,9 +49,10 @@ def norm_forward(x: Tensor, residual: Tensor | None, weight: Tensor | None, bias
                  eps: float, is_rms: bool):  # fmt: skip
     """x: [M, N]. Returns (y [M, N], h [M, N] or empty, mean [M] fp32 or empty, rstd [M] fp32)."""
     h = x + residual if residual is not None else None
-    src = (h if h is not None else x).float()
+    acc = torch.promote_types(x.dtype, torch.float32)  # fp32 math, float64 stays float64
+    src = (h if h is not None else x).to(acc)
     if is_rms:
-        mean = torch.zeros(0, dtype=torch.float32, device=x.device)
+        mean = torch.zeros(0, dtype=acc, device=x.device)
         rstd = torch.rsqrt((src * src).mean(-1) + eps)
         xhat = src * rstd[:, None]
     else:
@@ -60,28 +61,30 @@ def norm_forward(x: Tensor, residual: Tensor | None, weight: Tensor | None, bias
         xhat = (src - mean[:, None]) * rstd[:, None]
     y = xhat
     if weight is not None:
-        y = y * weight.float()
+        y = y * weight.to(acc)
     if bias is not None:
-        y = y + bias.float()
+        y = y + bias.to(acc)
     empty = torch.empty(0, dtype=x.dtype, device=x.device)
-    return y.to(x.dtype), (h if h is not None else empty), mean, rstd
+    return y.to(x.dtype), (h if h is not None else empty), mean.float(), rstd.float()
 
 
 def norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, weight: Tensor | None,
                   bias: Tensor | None, mean: Tensor, rstd: Tensor, is_rms: bool):  # fmt: skip
     """Analytic backward in float32. x is the normalised input ([M, N]; x + residual for
     add_rms_norm). Returns (dx, dweight or empty, dbias or empty)."""
-    xf, dyf = x.float(), dy.float()
+    acc = torch.promote_types(x.dtype, torch.float32)
+    xf, dyf = x.to(acc), dy.to(acc)
+    mean, rstd = mean.to(acc), rstd.to(acc)
     n = x.shape[-1]
     xhat = xf * rstd[:, None] if is_rms else (xf - mean[:, None]) * rstd[:, None]
-    wdy = dyf * weight.float() if weight is not None else dyf
+    wdy = dyf * weight.to(acc) if weight is not None else dyf
     c1 = (xhat * wdy).sum(-1, keepdim=True) / n
     dx = wdy - xhat * c1
     if not is_rms:
         dx = dx - wdy.sum(-1, keepdim=True) / n
     dx = dx * rstd[:, None]
     if dh is not None:
-        dx = dx + dh.float()
+        dx = dx + dh.to(acc)
     empty = torch.empty(0, dtype=x.dtype, device=x.device)
     dw = (dyf * xhat).sum(0).to(weight.dtype) if weight is not None else empty
     db = dyf.sum(0).to(bias.dtype) if bias is not None else empty

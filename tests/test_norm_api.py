@@ -1,0 +1,225 @@
+"""The norm ops as a user meets them: errors, empty input, the CPU path, modules, compile,
+opcheck, CUDA graphs, and very large tensors."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusewise
+from fusewise.ops import _dispatch
+from norm_cases import make_inputs, rel_err
+
+# --- bad input: a clear error naming the argument ----------------------------------------------
+
+
+def test_weight_shape_mismatch_names_weight(device):
+    x = torch.randn(4, 8, device=device)
+    with pytest.raises(ValueError, match=r"weight must have shape \(8,\)"):
+        fusewise.ops.layer_norm(x, torch.ones(7, device=device))
+    with pytest.raises(ValueError, match=r"bias must have shape \(8,\)"):
+        fusewise.ops.layer_norm(x, torch.ones(8, device=device), torch.ones(8, 1, device=device))
+    with pytest.raises(ValueError, match="weight"):
+        fusewise.ops.rms_norm(x, torch.ones(16, device=device))
+
+
+def test_integer_dtype_names_argument(device):
+    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
+        fusewise.ops.rms_norm(torch.ones(4, 8, dtype=torch.int32, device=device))
+    x = torch.randn(4, 8, device=device)
+    with pytest.raises(TypeError, match="weight must be a floating-point"):
+        fusewise.ops.layer_norm(x, torch.ones(8, dtype=torch.int64, device=device))
+
+
+def test_device_mismatch_names_argument():
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="weight is on meta but x is on cpu"):
+        fusewise.ops.rms_norm(x, torch.ones(8, device="meta"))
+    with pytest.raises(ValueError, match="residual is on meta"):
+        fusewise.ops.add_rms_norm(x, torch.ones(4, 8, device="meta"), None)
+
+
+def test_residual_mismatch(device):
+    x = torch.randn(4, 8, device=device)
+    with pytest.raises(ValueError, match="residual must have x's shape"):
+        fusewise.ops.add_rms_norm(x, torch.randn(4, 9, device=device), None)
+    with pytest.raises(TypeError, match="residual must have x's dtype"):
+        fusewise.ops.add_rms_norm(x, torch.randn(4, 8, device=device, dtype=torch.float16), None)
+
+
+def test_module_wrong_normalized_shape(device):
+    ln = fusewise.nn.LayerNorm(16).to(device)
+    with pytest.raises(ValueError, match=r"normalized_shape \(16,\)"):
+        ln(torch.randn(3, 15, device=device))
+    rms = fusewise.nn.RMSNorm([4, 4]).to(device)
+    with pytest.raises(ValueError, match=r"normalized_shape \(4, 4\)"):
+        rms(torch.randn(3, 16, device=device))
+
+
+# --- empty input ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "add_rms_norm"])
+def test_zero_rows(op, device):
+    a = make_inputs(op, (0, 64), torch.float32, device)
+    from norm_cases import fused
+
+    outs = fused(op, a)
+    assert all(o.shape == (0, 64) for o in outs)
+    grads = torch.autograd.grad(outs[0].sum(), list(a.values()), allow_unused=True)
+    assert grads[1 if op != "add_rms_norm" else 2].abs().sum() == 0  # dweight of nothing is 0
+
+
+# --- the CPU path: reference with a once-per-reason warning, or an error when strict -----------
+
+
+def test_cpu_without_interpreter_warns_once_and_matches(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("FUSEWISE_STRICT", raising=False)
+    _dispatch._warned.clear()
+    x, w = torch.randn(5, 32), torch.randn(32)
+    with pytest.warns(UserWarning, match="tensors are on the CPU.*eager reference"):
+        y = fusewise.ops.rms_norm(x, w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second call is silent
+        fusewise.ops.rms_norm(x, w)
+    assert fusewise.ops.paths()["rms_norm"] == "reference"
+    assert rel_err(y, F.rms_norm(x.double(), (32,), w.double(), 1e-6)) < 1e-6
+
+
+def test_strict_turns_fallback_into_error(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("FUSEWISE_STRICT", "1")
+    with pytest.raises(fusewise.ops.FusewiseFallbackError, match="FUSEWISE_STRICT=1"):
+        fusewise.ops.layer_norm(torch.randn(3, 8))
+
+
+def test_float64_takes_reference_with_reason(device):
+    _dispatch._warned.clear()
+    x = torch.randn(3, 8, dtype=torch.float64, device=device)
+    with pytest.warns(UserWarning, match="dtype torch.float64"):
+        y = fusewise.ops.layer_norm(x)
+    assert rel_err(y, F.layer_norm(x, (8,))) < 1e-12
+
+
+def test_double_backward_is_a_clear_error(device):
+    x = torch.randn(4, 16, device=device, requires_grad=True)
+    (dx,) = torch.autograd.grad(fusewise.ops.rms_norm(x).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
+        dx.sum().backward()
+
+
+def test_paths_report_the_kernel(device):
+    fusewise.ops.add_rms_norm(torch.randn(2, 8, device=device), torch.randn(2, 8, device=device), None)
+    assert fusewise.ops.paths()["add_rms_norm"] in ("triton", "triton-interpreter")
+
+
+# --- modules: drop-in for torch.nn.LayerNorm / RMSNorm -----------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(48,), (4, 12)])
+def test_layernorm_module_matches_torch_and_shares_state_dict(shape, device):
+    ours, theirs = fusewise.nn.LayerNorm(shape).to(device), torch.nn.LayerNorm(shape).to(device)
+    with torch.no_grad():
+        theirs.weight.normal_()
+        theirs.bias.normal_()
+    ours.load_state_dict(theirs.state_dict())
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(3, 5, *shape, device=device)
+    assert rel_err(ours(x), theirs(x)) < 1e-6
+    assert fusewise.nn.LayerNorm(shape, elementwise_affine=False).to(device)(x).shape == x.shape
+    assert "bias" not in fusewise.nn.LayerNorm(shape, bias=False).state_dict()
+
+
+def test_rmsnorm_module_matches_torch(device):
+    ours, theirs = fusewise.nn.RMSNorm(40).to(device), torch.nn.RMSNorm(40).to(device)
+    with torch.no_grad():
+        theirs.weight.normal_()
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(6, 40, device=device)
+    assert rel_err(ours(x), theirs(x)) < 1e-6  # eps=None: torch.finfo(dtype).eps, as torch
+    ours_eps = fusewise.nn.RMSNorm(40, eps=1e-3).to(device)
+    ours_eps.load_state_dict(theirs.state_dict())
+    assert rel_err(ours_eps(x), F.rms_norm(x, (40,), theirs.weight, 1e-3)) < 1e-6
+
+
+# --- torch.library: opcheck, torch.compile, CUDA graphs -----------------------------------------
+
+
+def test_opcheck(device):
+    x = torch.randn(6, 40, device=device, requires_grad=True)
+    w = torch.randn(40, device=device, requires_grad=True)
+    b = torch.randn(40, device=device, requires_grad=True)
+    r = torch.randn(6, 40, device=device, requires_grad=True)
+    ops = torch.ops.fusewise
+    torch.library.opcheck(ops.norm_fwd.default, (x, None, w, b, 1e-5, False))
+    torch.library.opcheck(ops.norm_fwd.default, (x, r, w, None, 1e-6, True))
+    _, _, mean, rstd = ops.norm_fwd(x, None, w, b, 1e-5, False)
+    dy = torch.randn(6, 40, device=device)
+    # norm_bwd has no autograd of its own (no double backward), so its inputs carry no grad
+    bwd_args = (dy, None, x.detach(), w.detach(), b.detach(), mean.detach(), rstd.detach(), False)
+    torch.library.opcheck(ops.norm_bwd.default, bwd_args)
+
+
+def test_compile_fullgraph_matches_eager(device):
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+
+    def block(x, r, w1, w2, b):
+        y, h = fusewise.ops.add_rms_norm(x, r, w1)
+        return fusewise.ops.layer_norm(y * 2, w2, b), h
+
+    compiled = torch.compile(block, fullgraph=True, backend=backend)
+    args = [torch.randn(8, 64, device=device, requires_grad=True) for _ in range(2)]
+    args += [torch.randn(64, device=device, requires_grad=True) for _ in range(3)]
+    out_c, h_c = compiled(*args)
+    g_c = torch.autograd.grad(out_c.sum() + h_c.square().sum(), args)
+    out_e, h_e = block(*args)
+    g_e = torch.autograd.grad(out_e.sum() + h_e.square().sum(), args)
+    assert rel_err(out_c, out_e) < 1e-6 and rel_err(h_c, h_e) < 1e-6
+    for a, b in zip(g_c, g_e):
+        assert rel_err(a, b) < 1e-5
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_replays_forward_and_backward():
+    x = torch.randn(64, 512, device="cuda", requires_grad=True)
+    w = torch.randn(512, device="cuda", requires_grad=True)
+    dy = torch.randn(64, 512, device="cuda")
+
+    def step():
+        y = fusewise.ops.rms_norm(x, w)
+        return (y, *torch.autograd.grad(y, [x, w], dy))
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static = step()
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))  # new data in the captured buffers
+    g.replay()
+    fresh = step()
+    for a, b in zip(static, fresh):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_past_2_31_elements_uses_64_bit_offsets():
+    n = 8192
+    m = (1 << 31) // n + 3  # the last rows start past element 2**31
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    y = fusewise.ops.rms_norm(x, w)
+    tail = slice(m - 4, m)
+    assert rel_err(y[tail], F.rms_norm(x[tail].double(), (n,), w.double(), 1e-6)) < 5e-3
+    xg = x.requires_grad_()
+    dy = torch.randn_like(x)
+    (dx,) = torch.autograd.grad(fusewise.ops.rms_norm(xg, w), [xg], dy)
+    xt = x[tail].detach().double().requires_grad_()
+    (dxt,) = torch.autograd.grad(F.rms_norm(xt, (n,), w.double(), 1e-6), [xt], dy[tail].double())
+    assert rel_err(dx[tail], dxt) < 5e-3
