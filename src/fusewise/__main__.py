@@ -1,0 +1,3 @@
+from fusewise.cli import main
+
+raise SystemExit(main())
