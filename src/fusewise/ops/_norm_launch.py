@@ -166,8 +166,8 @@ def _finish_weight_grads(dw_part, db_part, weight, bias, dev, dtype):
     if part is None:
         return dw, db
     n = part.shape[1]
-    K.sum_partials_kernel[(triton.cdiv(n, 1024),)](
+    K.sum_partials_kernel[(triton.cdiv(n, 128),)](
         dw_part, db_part, dw, db, part.shape[0], n, HAS_W=weight is not None,
-        HAS_B=bias is not None, BLOCK_N=1024, num_warps=4,
+        HAS_B=bias is not None, BLOCK_P=32, BLOCK_N=128, num_warps=4,
     )  # fmt: skip
     return dw, db
