@@ -183,14 +183,17 @@ def test_compile_fullgraph_matches_eager(device):
 
 
 @pytest.mark.gpu
-def test_cuda_graph_capture_replays_forward_and_backward():
-    x = torch.randn(64, 512, device="cuda", requires_grad=True)
-    w = torch.randn(512, device="cuda", requires_grad=True)
-    dy = torch.randn(64, 512, device="cuda")
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "add_rms_norm"])
+@pytest.mark.parametrize("shape", [(64, 512), (4096, 256)])
+def test_cuda_graph_capture_replays_forward_and_backward(op, shape):
+    from norm_cases import fused
+
+    a = make_inputs(op, shape, torch.bfloat16, "cuda")
+    grads = [torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
 
     def step():
-        y = fusewise.ops.rms_norm(x, w)
-        return (y, *torch.autograd.grad(y, [x, w], dy))
+        outs = fused(op, a)
+        return (*outs, *torch.autograd.grad(outs, list(a.values()), grads[: len(outs)]))
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -201,11 +204,11 @@ def test_cuda_graph_capture_replays_forward_and_backward():
     with torch.cuda.graph(g):
         static = step()
     with torch.no_grad():
-        x.copy_(torch.randn_like(x))  # new data in the captured buffers
+        a["x"].copy_(torch.randn_like(a["x"]))  # new data in the captured buffers
     g.replay()
     fresh = step()
-    for a, b in zip(static, fresh):
-        assert torch.equal(a, b)
+    for u, v in zip(static, fresh):
+        assert torch.equal(u, v)
 
 
 @pytest.mark.gpu
