@@ -1,4 +1,4 @@
-"""LayerNorm / RMSNorm / add+RMSNorm: fusewise against torch eager, torch.compile, Liger, naive eager.
+"""LayerNorm / RMSNorm / add+RMSNorm: fusewise against torch, torch.compile, Liger, naive eager.
 
 Byte model (cost.norm, activations only; weights and per-row stats are < 2% at these shapes):
   forward           layer_norm, rms_norm: reads x, writes y                 2·M·N·s
@@ -89,8 +89,12 @@ def bench_one(fn, op, mode, m, n, dtype, device):
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(m, n, device=device, dtype=dtype, generator=g)
     r = torch.randn(m, n, device=device, dtype=dtype, generator=g) if op == "add_rms_norm" else None
-    w = (1 + 0.1 * torch.randn(n, device=device, dtype=dtype, generator=g))
-    b = 0.1 * torch.randn(n, device=device, dtype=dtype, generator=g) if op == "layer_norm" else None
+    w = 1 + 0.1 * torch.randn(n, device=device, dtype=dtype, generator=g)
+    b = (
+        0.1 * torch.randn(n, device=device, dtype=dtype, generator=g)
+        if op == "layer_norm"
+        else None
+    )
     if mode == "fwd":
         with torch.no_grad():
             run = lambda: fn(x, r, w, b)  # noqa: E731
@@ -145,11 +149,14 @@ def main(argv=None):
                         c = c + cost.norm(op, m, n, dtype, backward=True)
                     for prov, fns in provs.items():
                         if prov == "naive" and n > 65536 and mode == "fwd_bwd":
-                            continue  # minutes of eager autograd at 2**27 elements; says nothing new
+                            continue  # minutes of eager autograd at 2**27 elements: nothing new
                         try:
                             ms, peak = bench_one(fns[op], op, mode, m, n, dtype, device)
-                        except Exception as e:  # a peer that cannot run a shape is reported, not fatal
-                            print(f"# {prov} {op} {mode} {m}x{n} {dname}: failed ({type(e).__name__}: "
+                        except (
+                            Exception
+                        ) as e:  # a peer that cannot run a shape is reported, not fatal
+                            what = f"{prov} {op} {mode} {m}x{n} {dname}"
+                            print(f"# {what}: failed ({type(e).__name__}: "
                                   f"{str(e).splitlines()[0][:120]})")  # fmt: skip
                             continue
                         gbps = c.bytes / ms / 1e6
@@ -180,7 +187,9 @@ def _summary(rows):
     keys = sorted({(r["op"], r["mode"], r["dtype"], r["shape"]) for r in rows},
                   key=lambda k: (k[0], k[1], k[2], int(k[3].split("x")[1])))  # fmt: skip
     for k in keys:
-        group = {r["provider"]: r for r in rows if (r["op"], r["mode"], r["dtype"], r["shape"]) == k}
+        group = {
+            r["provider"]: r for r in rows if (r["op"], r["mode"], r["dtype"], r["shape"]) == k
+        }
         fw = group.get("fusewise")
         peers = [r for p, r in group.items() if p not in ("fusewise", "naive")]
         if not fw or not peers:

@@ -27,8 +27,12 @@ def main():
     dy = torch.randn(8, 256, device="cuda")
     cases = {
         "fusewise rms_norm fwd": lambda: fusewise.ops.rms_norm(x.detach(), w.detach()),
-        "fusewise rms_norm fwd+bwd": lambda: torch.autograd.grad(fusewise.ops.rms_norm(x, w), [x, w], dy),
-        "torch F.rms_norm fwd+bwd": lambda: torch.autograd.grad(F.rms_norm(x, (256,), w), [x, w], dy),
+        "fusewise rms_norm fwd+bwd": lambda: torch.autograd.grad(
+            fusewise.ops.rms_norm(x, w), [x, w], dy
+        ),
+        "torch F.rms_norm fwd+bwd": lambda: torch.autograd.grad(
+            F.rms_norm(x, (256,), w), [x, w], dy
+        ),
     }
     try:
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction

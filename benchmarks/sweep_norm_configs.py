@@ -59,7 +59,10 @@ def main():
         row(f"fwd {op} defaults", [pct(op, "fwd", n, ceiling) for n in block_widths + [32768]])
         for tile, ept, pps in itertools.product([2048, 4096, 8192], [8, 16], [1, 2, 4]):
             L.TILE_ELEMENTS_BWD, L.BWD_ELEMENTS_PER_THREAD, L.BWD_PROGRAMS_PER_SM = tile, ept, pps
-            row(f"bwd {op} tile={tile} ept={ept} pps={pps}", [pct(op, "bwd", n, ceiling) for n in block_widths])
+            row(
+                f"bwd {op} tile={tile} ept={ept} pps={pps}",
+                [pct(op, "bwd", n, ceiling) for n in block_widths],
+            )
         L.TILE_ELEMENTS_BWD, L.BWD_ELEMENTS_PER_THREAD, L.BWD_PROGRAMS_PER_SM = 4096, 16, 2
         for maxw in (8, 32):
             L.MAX_WARPS_BWD = maxw

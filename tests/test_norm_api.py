@@ -111,7 +111,9 @@ def test_double_backward_is_a_clear_error(device):
 
 
 def test_paths_report_the_kernel(device):
-    fusewise.ops.add_rms_norm(torch.randn(2, 8, device=device), torch.randn(2, 8, device=device), None)
+    fusewise.ops.add_rms_norm(
+        torch.randn(2, 8, device=device), torch.randn(2, 8, device=device), None
+    )
     assert fusewise.ops.paths()["add_rms_norm"] in ("triton", "triton-interpreter")
 
 

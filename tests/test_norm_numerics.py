@@ -101,8 +101,10 @@ def test_no_weight_no_bias(device):
     import fusewise
 
     x = torch.randn(17, 100, device=device, requires_grad=True)
-    for fn, ref in [(fusewise.ops.layer_norm, lambda t: torch.nn.functional.layer_norm(t, (100,))),
-                    (fusewise.ops.rms_norm, lambda t: torch.nn.functional.rms_norm(t, (100,), eps=1e-6))]:
+    for fn, ref in [
+        (fusewise.ops.layer_norm, lambda t: torch.nn.functional.layer_norm(t, (100,))),
+        (fusewise.ops.rms_norm, lambda t: torch.nn.functional.rms_norm(t, (100,), eps=1e-6)),
+    ]:
         y = fn(x)
         yd = ref(x.detach().double().requires_grad_())
         assert rel_err(y, yd) < 1e-6

@@ -35,7 +35,9 @@ def tensor_bytes(shape, dtype: torch.dtype) -> int:
     return math.prod(shape) * itemsize(dtype)
 
 
-def matmul(m: int, n: int, k: int, dtype: torch.dtype, out_dtype: torch.dtype | None = None) -> Cost:
+def matmul(
+    m: int, n: int, k: int, dtype: torch.dtype, out_dtype: torch.dtype | None = None
+) -> Cost:
     """[m, k] @ [k, n] -> [m, n]: reads both operands once, writes the result once."""
     out_dtype = out_dtype or dtype
     nbytes = (m * k + k * n) * itemsize(dtype) + m * n * itemsize(out_dtype)

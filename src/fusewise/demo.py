@@ -80,7 +80,8 @@ def run(console: Console) -> int:
         c = cost.norm(kind, m, n, dtype)
         floor_ms = ceil.seconds_for_bytes(c.bytes) * 1e3
         t = Table(title=f"{title}, x [{m}, {n}] {str(dtype).replace('torch.', '')}: a fused kernel "
-                  f"moves {c.bytes / 1e6:,.0f} MB, {floor_ms:.3f} ms at the copy ceiling")  # fmt: skip
+                  f"moves {c.bytes / 1e6:,.0f} MB, {floor_ms:.3f} ms at the copy ceiling"
+                  )  # fmt: skip
         for col in ("provider", "ms", "GB/s", "% of ceiling", "error vs float64"):
             t.add_column(col, justify="left" if col == "provider" else "right")
         xs, rs = x[:check_rows], r[:check_rows]
@@ -94,12 +95,15 @@ def run(console: Console) -> int:
                 t.add_row(name, "interpreter", "-", "-", f"{err:.1e}")
             else:
                 gbps = c.bytes / ms / 1e6
-                t.add_row(name, f"{ms:.3f}", f"{gbps:,.0f}", f"{100 * gbps / ceil.bandwidth_GBps:.0f}%",
+                pct = 100 * gbps / ceil.bandwidth_GBps
+                t.add_row(name, f"{ms:.3f}", f"{gbps:,.0f}", f"{pct:.0f}%",
                           f"{err:.1e}")  # fmt: skip
         console.print(t)
     console.print("paths taken:", ops.paths())
     if not gpu:
-        console.print("[dim]No GPU here: the fusewise rows ran the real Triton kernels under "
-                      "TRITON_INTERPRET=1 (checked against float64, not timed). GB/s counts the "
-                      "bytes a fused kernel needs, so the naive rows show what extra passes cost.[/]")  # fmt: skip
+        console.print(
+            "[dim]No GPU here: the fusewise rows ran the real Triton kernels under "
+            "TRITON_INTERPRET=1 (checked against float64, not timed). GB/s counts the bytes a "
+            "fused kernel needs, so the naive rows show what extra passes cost.[/]"
+        )
     return 0

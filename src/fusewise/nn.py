@@ -9,11 +9,12 @@ from . import ops
 
 
 class LayerNorm(torch.nn.LayerNorm):
-    """torch.nn.LayerNorm computed by fusewise.ops.layer_norm (normalized_shape may be multi-dim)."""
+    """torch.nn.LayerNorm computed by fusewise.ops.layer_norm (normalized_shape may have several
+    dims)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = tuple(self.normalized_shape)
-        if tuple(x.shape[-len(shape):]) != shape:
+        if tuple(x.shape[-len(shape) :]) != shape:
             raise ValueError(f"LayerNorm expects input ending in normalized_shape {shape}, "
                              f"got {tuple(x.shape)}")  # fmt: skip
         n = 1
@@ -31,7 +32,7 @@ class RMSNorm(torch.nn.RMSNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = tuple(self.normalized_shape)
-        if tuple(x.shape[-len(shape):]) != shape:
+        if tuple(x.shape[-len(shape) :]) != shape:
             raise ValueError(f"RMSNorm expects input ending in normalized_shape {shape}, "
                              f"got {tuple(x.shape)}")  # fmt: skip
         n = 1

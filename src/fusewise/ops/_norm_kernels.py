@@ -177,7 +177,8 @@ def norm_bwd_block_kernel(X, W, DY, DH, DX, Mean, Rstd, DW_part, DB_part, M, N, 
                                  cols, col_ok, IS_RMS, BLOCK_M)  # fmt: skip
         else:
             x_raw, dy_raw, mean, rstd = _load_bwd_tile(X, DY, Mean, Rstd, tile, M, stride_x,
-                                                       stride_dy, cols, col_ok, IS_RMS, BLOCK_M)  # fmt: skip
+                                                       stride_dy, cols, col_ok, IS_RMS,
+                                                       BLOCK_M)  # fmt: skip
         x, dy = x_raw.to(tl.float32), dy_raw.to(tl.float32)
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         mask = (rows < M)[:, None] & col_ok[None, :]
@@ -218,7 +219,9 @@ def norm_bwd_wide_dx_kernel(X, W, DY, DH, DX, Mean, Rstd, N, stride_x, stride_dy
         x = tl.load(X + row64 * stride_x + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         dy = tl.load(DY + row64 * stride_dy + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         xhat = x * rstd[:, None] if IS_RMS else (x - mean[:, None]) * rstd[:, None]
-        wdy = dy * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else dy
+        wdy = (
+            dy * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else dy
+        )
         s1 += tl.where(col_ok[None, :], xhat * wdy, 0.0)
         s2 += wdy
     c1 = tl.sum(s1, axis=1) / N
@@ -229,14 +232,18 @@ def norm_bwd_wide_dx_kernel(X, W, DY, DH, DX, Mean, Rstd, N, stride_x, stride_dy
         x = tl.load(X + row64 * stride_x + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         dy = tl.load(DY + row64 * stride_dy + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         xhat = x * rstd[:, None] if IS_RMS else (x - mean[:, None]) * rstd[:, None]
-        wdy = dy * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else dy
+        wdy = (
+            dy * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else dy
+        )
         dx = wdy - xhat * c1[:, None]
         if not IS_RMS:
             dx -= c2[:, None]
         dx = dx * rstd[:, None]
         if HAS_DH:
             dx += tl.load(DH + row64 * stride_dh + cols, mask=col_ok, other=0.0).to(tl.float32)
-        tl.store(DX + row64 * N + cols[None, :], _round(dx, DX.dtype.element_ty), mask=col_ok[None, :])
+        tl.store(
+            DX + row64 * N + cols[None, :], _round(dx, DX.dtype.element_ty), mask=col_ok[None, :]
+        )
 
 
 @triton.jit

@@ -88,7 +88,8 @@ def _partials(rows: int, n: int, has_w: bool, has_b: bool, dev):
 
 
 def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
-    """x, residual: [M, N]. Returns (y, h or empty, mean or empty, rstd) like reference.norm_forward."""
+    """x, residual: [M, N]. Returns (y, h or empty, mean or empty, rstd), as
+    reference.norm_forward does."""
     m, n = x.shape
     dev = x.device
     y = alloc((m, n), x.dtype, dev)
@@ -135,7 +136,9 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
         if not (has_w or has_b):
             return dx, *_finish_weight_grads(None, None, weight, bias, dev, x.dtype)
         block_n, block_m = 256, 16
-        groups = max(1, min(triton.cdiv(m, block_m), 4 * _programs_per_wave(dev) // triton.cdiv(n, block_n)))
+        groups = max(
+            1, min(triton.cdiv(m, block_m), 4 * _programs_per_wave(dev) // triton.cdiv(n, block_n))
+        )
         rows_per_group = triton.cdiv(m, groups)
         dw_part, db_part = _partials(groups, n, has_w, has_b, dev)
         K.norm_bwd_wide_dw_kernel[(triton.cdiv(n, block_n), groups)](
@@ -146,11 +149,12 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     else:
         block_m, block_n, num_warps = block_config(n, backward=True, is_rms=is_rms)
         per_sm = BWD_PROGRAMS_PER_SM if is_rms else BWD_PROGRAMS_PER_SM_LN
-        programs = min(triton.cdiv(m, block_m), per_sm * _programs_per_wave(dev))
+        n_tiles = triton.cdiv(m, block_m)
+        programs = min(n_tiles, per_sm * _programs_per_wave(dev))
         dw_part, db_part = _partials(programs, n, has_w, has_b, dev)
         K.norm_bwd_block_kernel[(programs,)](
             x, weight, dy, dh_arg, dx, mean, rstd, dw_part, db_part, m, n, x.stride(0),
-            dy.stride(0), dh_arg.stride(0), programs, triton.cdiv(triton.cdiv(m, block_m), programs),
+            dy.stride(0), dh_arg.stride(0), programs, triton.cdiv(n_tiles, programs),
             IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b,
             HAS_DH=dh is not None, BLOCK_M=block_m, BLOCK_N=block_n,
             PREFETCH=block_n <= PREFETCH_MAX_N, num_warps=num_warps,

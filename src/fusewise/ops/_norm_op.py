@@ -81,7 +81,14 @@ def _backward(ctx, dy, dh, impl):
     dh = dh if ctx.has_residual else None
     dx, dw, db = impl(_rows(dy), _rows(dh), x, weight, bias, mean, rstd, ctx.is_rms)
     dres = dx if ctx.has_residual else None
-    return dx, dres, (dw if weight is not None else None), (db if bias is not None else None), None, None
+    return (
+        dx,
+        dres,
+        (dw if weight is not None else None),
+        (db if bias is not None else None),
+        None,
+        None,
+    )
 
 
 def _rows(t: Tensor | None) -> Tensor | None:
@@ -107,7 +114,8 @@ def _(x, residual, weight, bias, eps, is_rms):
 
 @torch.library.custom_op("fusewise::norm_bwd", mutates_args=())
 def norm_bwd(dy: Tensor, dh: Tensor | None, x: Tensor, weight: Tensor | None, bias: Tensor | None,
-             mean: Tensor, rstd: Tensor, is_rms: bool) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+             mean: Tensor, rstd: Tensor,
+             is_rms: bool) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     return backward_impl(dy, dh, x, weight, bias, mean, rstd, is_rms)
 
 
@@ -129,4 +137,6 @@ def _custom_op_backward(ctx, dy, dh, _dmean, _drstd):
     return _backward(ctx, dy, dh, norm_bwd)
 
 
-torch.library.register_autograd("fusewise::norm_fwd", _custom_op_backward, setup_context=_setup_context)
+torch.library.register_autograd(
+    "fusewise::norm_fwd", _custom_op_backward, setup_context=_setup_context
+)

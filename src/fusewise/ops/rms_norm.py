@@ -36,7 +36,9 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None, eps: float 
     check_floating("x", x)
     check_floating("residual", residual)
     if residual.shape != x.shape:
-        raise ValueError(f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
+        raise ValueError(
+            f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}"
+        )
     if residual.dtype != x.dtype:
         raise TypeError(f"residual must have x's dtype {x.dtype}, got {residual.dtype}; "
                         f"cast one of them first")  # fmt: skip
