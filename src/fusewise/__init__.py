@@ -2,6 +2,6 @@
 
 __version__ = "0.1.0"
 
-from . import cost, hardware, nn, ops  # noqa: E402
+from . import cost, hardware, nn, ops, optim  # noqa: E402
 
-__all__ = ["ops", "nn", "hardware", "cost", "__version__"]
+__all__ = ["ops", "nn", "optim", "hardware", "cost", "__version__"]

@@ -16,17 +16,7 @@ Row offsets are int64 so tensors past 2**31 elements index correctly.
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _round(y, DTYPE: tl.constexpr):
-    """fp32 -> DTYPE with round-to-nearest-even on every backend. Triton's interpreter truncates
-    fp32 -> bf16 (3.6), which would make CPU tests disagree with the GPU; rounding the bits first
-    leaves a value bf16 holds exactly, so the final cast is exact on both. NaN passes through."""
-    if DTYPE == tl.bfloat16:
-        bits = y.to(tl.uint32, bitcast=True)
-        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-        y = tl.where(y != y, y, bits.to(tl.float32, bitcast=True))
-    return y.to(DTYPE)
+from ._triton_utils import round_to as _round
 
 
 @triton.jit

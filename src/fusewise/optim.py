@@ -1,0 +1,186 @@
+"""fusewise.optim.AdamW: a drop-in for torch.optim.AdamW whose step is one fused pass per
+parameter (ops/adamw.py), optionally keeping fp32 master weights for bf16/fp16 models.
+
+State per parameter uses torch's keys and meanings (step, exp_avg, exp_avg_sq, max_exp_avg_sq),
+plus master_param with master_weights=True, so checkpoints move between the two optimizers.
+step() never synchronises with the host (steps and bias corrections live on the device; lr may be
+a tensor), so it can be captured in a CUDA graph. Under torch.amp.GradScaler the gradients are
+unscaled inside the kernel and a step with an inf/nan gradient is skipped on the device.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from .ops import adamw as fused
+from .ops import reference
+
+_STATE_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+
+
+class AdamW(torch.optim.Optimizer):
+    _step_supports_amp_scaling = True  # GradScaler hands us grad_scale / found_inf tensors
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 amsgrad=False, *, maximize=False, master_weights=False):  # fmt: skip
+        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+            raise ValueError("lr as a tensor must have one element")
+        if not 0.0 <= float(lr):
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        for i, b in enumerate(betas):
+            if not 0.0 <= float(b) < 1.0:
+                raise ValueError(f"Invalid beta parameter at index {i}: {b}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        # torch.optim.AdamW's group keys too, so a state_dict loads into either optimizer
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                        maximize=maximize, foreach=None, capturable=False, differentiable=False,
+                        fused=None, decoupled_weight_decay=True,
+                        master_weights=master_weights)  # fmt: skip
+        super().__init__(params, defaults)
+        self._buckets: dict = {}
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("master_weights", False)
+            group["decoupled_weight_decay"] = True
+
+    def add_param_group(self, param_group):
+        for p in param_group["params"] if isinstance(param_group["params"], list) else []:
+            _check_param(p)
+        super().add_param_group(param_group)
+        self._buckets = {}
+
+    # --- state ----------------------------------------------------------------------------------
+
+    def _state_of(self, p: torch.Tensor, group: dict) -> dict:
+        """The parameter's state, created (or repaired after a load) on p's device: moments in
+        fp32 when master weights are kept, else in p's dtype, as torch keeps them."""
+        st = self.state[p]
+        master = group["master_weights"] and p.dtype != torch.float32
+        sdtype = torch.float32 if master else p.dtype
+        if "step" not in st:
+            st["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+        elif st["step"].device != p.device or st["step"].dtype != torch.float32:
+            st["step"] = st["step"].to(device=p.device, dtype=torch.float32)
+        for key in _STATE_KEYS:
+            if key == "max_exp_avg_sq" and not group["amsgrad"]:
+                continue
+            if key not in st:
+                st[key] = torch.zeros_like(p, dtype=sdtype, memory_format=torch.contiguous_format)
+            elif st[key].dtype != sdtype or st[key].device != p.device:
+                st[key] = st[key].to(device=p.device, dtype=sdtype)
+        if master and "master_param" not in st:
+            st["master_param"] = p.detach().float().contiguous()  # from a torch checkpoint: upcast
+        return st
+
+    def load_state_dict(self, state_dict):
+        """As torch's, but state tensors keep the dtype they were saved in (torch casts them to
+        the parameter's dtype, which would round fp32 moments and masters of a bf16 model)."""
+        saved_groups = state_dict["param_groups"]
+        id_to_param = dict(zip(
+            itertools.chain.from_iterable(g["params"] for g in saved_groups),
+            itertools.chain.from_iterable(g["params"] for g in self.param_groups),
+        ))  # fmt: skip
+        super().load_state_dict(state_dict)
+        for pid, saved in state_dict["state"].items():
+            p = id_to_param.get(pid)
+            if p is None:
+                continue
+            for key, value in saved.items():
+                if key != "step" and torch.is_tensor(value) and value.is_floating_point():
+                    self.state[p][key] = value.to(p.device, copy=True)
+        self._buckets = {}
+
+    # --- step -----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grad_scale = getattr(self, "grad_scale", None)  # set by torch.amp.GradScaler.step
+        found_inf = getattr(self, "found_inf", None)
+        for gi, group in enumerate(self.param_groups):
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            for p in params:
+                _check_param(p)
+            states = [self._state_of(p, group) for p in params]
+            steps = [st["step"] for st in states]
+            torch._foreach_add_(steps, 1.0)
+            if found_inf is not None:  # a skipped step does not count, as in torch
+                torch._foreach_sub_(steps, [found_inf.to(steps[0].device)] * len(steps))
+            if fused.kernel_can_run(*params):
+                self._fused_group(gi, group, params, states, grad_scale, found_inf)
+            else:
+                self._reference_group(group, params, states, grad_scale, found_inf)
+        return loss
+
+    def _hyper(self, group, p):
+        beta1, beta2 = group["betas"]
+        lr = group["lr"]
+        if isinstance(lr, torch.Tensor):
+            lr = lr.to(p.device)
+        return dict(lr=lr, beta1=float(beta1), beta2=float(beta2), eps=group["eps"],
+                    weight_decay=group["weight_decay"], maximize=group["maximize"])  # fmt: skip
+
+    def _reference_group(self, group, params, states, grad_scale, found_inf):
+        for p, st in zip(params, states):
+            reference.adamw_update(
+                p, p.grad, st["exp_avg"], st["exp_avg_sq"], st.get("max_exp_avg_sq"),
+                st.get("master_param"), st["step"], **self._hyper(group, p),
+                grad_scale=grad_scale, found_inf=found_inf,
+            )  # fmt: skip
+
+    def _fused_group(self, gi, group, params, states, grad_scale, found_inf):
+        buckets: dict[tuple, list[int]] = {}
+        for i, (p, st) in enumerate(zip(params, states)):
+            master = "master_param" in st
+            aligned = all(
+                t.data_ptr() % 16 == 0
+                for t in (p, p.grad, st["exp_avg"], st["exp_avg_sq"])
+            )
+            key = (p.dtype, p.grad.dtype, st["exp_avg"].dtype, master, aligned, p.device)
+            buckets.setdefault(key, []).append(i)
+        for key, idx in buckets.items():
+            p_dtype, g_dtype, s_dtype, master, aligned, device = key
+            cache_key = (gi, key, tuple(params[i].numel() for i in idx))
+            bucket = self._buckets.get(cache_key)
+            if bucket is None:
+                bucket = self._buckets[cache_key] = fused.Bucket([params[i].numel() for i in idx])
+            rows = [_table_row(params[i], states[i]) for i in idx]
+            fused.launch(
+                bucket, rows, device, p_dtype=p_dtype, g_dtype=g_dtype, s_dtype=s_dtype,
+                **self._hyper(group, params[idx[0]]), amsgrad=group["amsgrad"], master=master,
+                grad_scale=grad_scale, found_inf=found_inf, aligned=aligned,
+            )  # fmt: skip
+
+
+def _table_row(p, st) -> tuple[int, ...]:
+    vmax = st.get("max_exp_avg_sq")
+    master = st.get("master_param")
+    return (
+        p.numel(), p.data_ptr(), p.grad.data_ptr(), st["exp_avg"].data_ptr(),
+        st["exp_avg_sq"].data_ptr(), vmax.data_ptr() if vmax is not None else 0,
+        master.data_ptr() if master is not None else 0, st["step"].data_ptr(),
+    )  # fmt: skip
+
+
+def _check_param(p: torch.Tensor) -> None:
+    if p.is_complex():
+        raise TypeError("fusewise.optim.AdamW does not support complex parameters; "
+                        "view them as real (torch.view_as_real) first")  # fmt: skip
+    if p.grad is not None and p.grad.is_sparse:
+        raise RuntimeError("fusewise.optim.AdamW does not support sparse gradients; "
+                           "use torch.optim.SparseAdam for those parameters")  # fmt: skip
+    if p.grad is not None and (not p.is_contiguous() or not p.grad.is_contiguous()):
+        raise ValueError("fusewise.optim.AdamW needs contiguous parameters and gradients "
+                         f"(got a parameter of shape {tuple(p.shape)} with strides {p.stride()})")  # fmt: skip

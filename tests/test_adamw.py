@@ -1,0 +1,251 @@
+"""fusewise.optim.AdamW against torch.optim.AdamW: trajectories (held to a float64 run, no worse
+than torch's own fp32 error), master weights, GradScaler, checkpoints both ways, errors.
+The kernel runs for real: on the GPU, or on the CPU under the Triton interpreter."""
+
+import pytest
+import torch
+
+import fusewise
+from fusewise.ops import _dispatch
+
+SIZES = [1, 7, 4096, 4097, 10_000, 3 * 5]  # one element, odd, exactly a chunk, a chunk + 1
+
+
+def make_params(device, dtype=torch.float32, sizes=SIZES):
+    shapes = [(n,) if i % 2 else (n, 1) for i, n in enumerate(sizes)]
+    return [torch.randn(s, device=device, dtype=dtype) for s in shapes]
+
+
+def clone(params, dtype=None):
+    return [p.detach().clone().to(dtype or p.dtype).requires_grad_() for p in params]
+
+
+def run(opt_cls, params, grads, steps, groups_fn, set_none=(), **kw):
+    opt = opt_cls(groups_fn(params), **kw)
+    for t in range(steps):
+        for i, (p, g) in enumerate(zip(params, grads[t])):
+            p.grad = None if (t, i) in set_none else g.to(p.dtype).clone()
+        opt.step()
+    return opt
+
+
+def rel(a, b):
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return ((a - b).norm() / b.norm()).item()
+
+
+CASES = {
+    "plain": dict(kw=dict(lr=1e-2), groups=lambda ps: ps),
+    "weight-decay": dict(kw=dict(lr=3e-3, weight_decay=0.3), groups=lambda ps: ps),
+    "amsgrad": dict(kw=dict(lr=1e-2, amsgrad=True), groups=lambda ps: ps),
+    "maximize": dict(kw=dict(lr=1e-2, maximize=True), groups=lambda ps: ps),
+    "groups": dict(
+        kw=dict(lr=1e-2),
+        groups=lambda ps: [
+            {"params": ps[:3], "lr": 5e-3, "betas": (0.8, 0.95), "weight_decay": 0.0},
+            {"params": ps[3:], "eps": 1e-6, "amsgrad": True},
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_trajectory_matches_torch(case, device):
+    c = CASES[case]
+    params = make_params(device)
+    steps = 20
+    grads = [[torch.randn_like(p) for p in params] for _ in range(steps)]
+    set_none = {(3, 0), (4, 0), (7, 2)}  # zero_grad(set_to_none) left these grads None
+    ours = clone(params)
+    run(fusewise.optim.AdamW, ours, grads, steps, c["groups"], set_none, **c["kw"])
+    theirs = clone(params)
+    run(torch.optim.AdamW, theirs, grads, steps, c["groups"], set_none, **c["kw"])
+    exact = clone(params, torch.float64)
+    run(torch.optim.AdamW, exact, grads, steps, c["groups"], set_none, **c["kw"])
+    for o, t, e in zip(ours, theirs, exact):
+        assert rel(o, e) <= 2 * rel(t, e) + 1e-6, (rel(o, e), rel(t, e))
+
+
+def test_master_weights_track_an_fp32_optimizer(device):
+    params = make_params(device)
+    steps = 12
+    grads = [[torch.randn_like(p).bfloat16() for p in params] for _ in range(steps)]
+    model = clone(params, torch.bfloat16)
+    opt = run(fusewise.optim.AdamW, model, grads, steps, lambda ps: ps, lr=1e-2,
+              weight_decay=0.1, master_weights=True)  # fmt: skip
+    # fp32 reference: the same bf16 gradients, upcast, on fp32 copies of the bf16 start
+    ref = clone([p.bfloat16().float() for p in params])
+    run(torch.optim.AdamW, ref, [[g.float() for g in gs] for gs in grads], steps, lambda ps: ps,
+        lr=1e-2, weight_decay=0.1)  # fmt: skip
+    for p, r in zip(model, ref):
+        st = opt.state[p]
+        assert st["master_param"].dtype == torch.float32
+        assert st["exp_avg"].dtype == torch.float32 and st["exp_avg_sq"].dtype == torch.float32
+        assert rel(st["master_param"], r) < 2e-6
+        assert torch.equal(p.detach(), st["master_param"].bfloat16())  # the model is the master, rounded
+
+
+def test_bf16_without_master_keeps_bf16_state(device):
+    p = torch.randn(300, device=device, dtype=torch.bfloat16, requires_grad=True)
+    opt = fusewise.optim.AdamW([p], lr=1e-2)
+    p.grad = torch.randn_like(p)
+    opt.step()
+    assert opt.state[p]["exp_avg"].dtype == torch.bfloat16
+    assert "master_param" not in opt.state[p]
+
+
+@pytest.mark.parametrize("inf_at", [None, 2])
+def test_grad_scaler_unscales_and_skips_inf_steps(inf_at, device):
+    torch.manual_seed(1)
+    w0 = torch.randn(64, 32, device=device)
+    x = torch.randn(16, 64, device=device)
+    results = []
+    for opt_cls in (fusewise.optim.AdamW, torch.optim.AdamW):
+        w = w0.clone().requires_grad_()
+        opt = opt_cls([w], lr=1e-2)
+        scaler = torch.amp.GradScaler(device.type, init_scale=2.0**10)
+        for t in range(4):
+            opt.zero_grad()
+            loss = (x @ w).square().mean()
+            scaler.scale(loss).backward()
+            if t == inf_at:
+                w.grad[0, 0] = float("inf")
+            scaler.step(opt)
+            scaler.update()
+        results.append((w.detach().clone(), opt.state[w]["step"].item(), scaler.get_scale()))
+    (ours, our_steps, our_scale), (theirs, their_steps, their_scale) = results
+    assert our_steps == their_steps == (3 if inf_at is not None else 4)
+    assert our_scale == their_scale
+    assert rel(ours, theirs) < 1e-5
+
+
+def test_checkpoint_round_trips_with_torch(device):
+    params = make_params(device)
+    grads = [[torch.randn_like(p) for p in params] for _ in range(6)]
+    kw = dict(lr=1e-2, weight_decay=0.05, amsgrad=True)
+    # torch -> fusewise: 3 steps in torch, resume in fusewise; against 6 steps in torch
+    a = clone(params)
+    ta = run(torch.optim.AdamW, a, grads[:3], 3, lambda ps: ps, **kw)
+    b = clone(a)
+    fb = fusewise.optim.AdamW(b, **kw)
+    fb.load_state_dict(ta.state_dict())
+    ref = clone(params)
+    run(torch.optim.AdamW, ref, grads, 6, lambda ps: ps, **kw)
+    for t in range(3, 6):
+        for p, g in zip(b, grads[t]):
+            p.grad = g.clone()
+        fb.step()
+    for p, r in zip(b, ref):
+        assert rel(p, r) < 1e-5
+    # fusewise -> torch, and the state keys are torch's
+    c = clone(params)
+    fc = run(fusewise.optim.AdamW, c, grads[:3], 3, lambda ps: ps, **kw)
+    sd = fc.state_dict()
+    assert set(sd["state"][0]) == {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"}
+    d = clone(c)
+    td = torch.optim.AdamW(d, **kw)
+    td.load_state_dict(sd)
+    assert td.param_groups[0]["decoupled_weight_decay"] is True
+    for t in range(3, 6):
+        for p, g in zip(d, grads[t]):
+            p.grad = g.clone()
+        td.step()
+    for p, r in zip(d, ref):
+        assert rel(p, r) < 1e-5
+
+
+def test_master_weights_survive_a_checkpoint(device):
+    p = torch.randn(1000, device=device).bfloat16().requires_grad_()
+    opt = fusewise.optim.AdamW([p], lr=1e-2, master_weights=True)
+    for _ in range(3):
+        p.grad = torch.randn_like(p)
+        opt.step()
+    sd = opt.state_dict()
+    q = p.detach().clone().requires_grad_()
+    opt2 = fusewise.optim.AdamW([q], lr=1e-2, master_weights=True)
+    opt2.load_state_dict(sd)
+    for key in ("master_param", "exp_avg", "exp_avg_sq"):
+        assert opt2.state[q][key].dtype == torch.float32  # not rounded to the bf16 param dtype
+        assert torch.equal(opt2.state[q][key], opt.state[p][key])
+
+
+def test_lr_scheduler_and_tensor_lr(device):
+    params = make_params(device, sizes=[100, 33])
+    grads = [[torch.randn_like(p) for p in params] for _ in range(6)]
+    out = []
+    for cls, lr in ((fusewise.optim.AdamW, torch.tensor(0.01, device=device)),
+                    (torch.optim.AdamW, 0.01)):  # fmt: skip
+        ps = clone(params)
+        opt = cls(ps, lr=lr)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+        for t in range(6):
+            for p, g in zip(ps, grads[t]):
+                p.grad = g.clone()
+            opt.step()
+            sched.step()
+        out.append(ps)
+    for a, b in zip(*out):
+        assert rel(a, b) < 1e-5
+
+
+def test_errors_name_the_problem(device):
+    c = torch.randn(4, dtype=torch.complex64, device=device, requires_grad=True)
+    with pytest.raises(TypeError, match="complex"):
+        fusewise.optim.AdamW([c])
+    e = torch.nn.Embedding(10, 4, sparse=True).to(device)
+    opt = fusewise.optim.AdamW(e.parameters())
+    e(torch.tensor([1, 2], device=device)).sum().backward()
+    with pytest.raises(RuntimeError, match="sparse gradients"):
+        opt.step()
+    with pytest.raises(ValueError, match="Invalid learning rate"):
+        fusewise.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=-1)
+
+
+def test_cpu_without_interpreter_runs_reference_with_warning(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("FUSEWISE_STRICT", raising=False)
+    _dispatch._warned.clear()
+    params = make_params("cpu", sizes=[50, 7])
+    grads = [[torch.randn_like(p) for p in params] for _ in range(3)]
+    ours = clone(params)
+    with pytest.warns(UserWarning, match="adamw: tensors are on the CPU"):
+        run(fusewise.optim.AdamW, ours, grads, 3, lambda ps: ps, lr=1e-2)
+    assert fusewise.ops.paths()["adamw"] == "reference"
+    theirs = clone(params)
+    run(torch.optim.AdamW, theirs, grads, 3, lambda ps: ps, lr=1e-2)
+    for a, b in zip(ours, theirs):
+        assert rel(a, b) < 1e-6
+
+
+@pytest.mark.gpu
+def test_step_captures_in_a_cuda_graph():
+    params = clone(make_params("cuda", dtype=torch.bfloat16))
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = fusewise.optim.AdamW(params, lr=torch.tensor(1e-2, device="cuda"), master_weights=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        opt.step()  # creates the state and the tables outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        opt.step()
+    before = [p.detach().clone() for p in params]
+    g.replay()
+    assert all(not torch.equal(a, p) for a, p in zip(before, params))
+    assert opt.state[params[0]]["step"].item() == 2  # the captured increment ran on replay
+
+
+@pytest.mark.gpu
+def test_parameter_past_2_31_elements():
+    n = (1 << 31) + 5
+    p = torch.randn(n, device="cuda").requires_grad_()
+    p.grad = torch.randn_like(p)
+    tail = slice(n - 4096, n)
+    p_tail, g_tail = p.detach()[tail].clone().requires_grad_(), p.grad[tail].clone()
+    fusewise.optim.AdamW([p], lr=1e-2).step()
+    ref = torch.optim.AdamW([p_tail], lr=1e-2)
+    p_tail.grad = g_tail
+    ref.step()
+    assert rel(p.detach()[tail], p_tail) < 1e-6
