@@ -82,7 +82,9 @@ def test_master_weights_track_an_fp32_optimizer(device):
         assert st["master_param"].dtype == torch.float32
         assert st["exp_avg"].dtype == torch.float32 and st["exp_avg_sq"].dtype == torch.float32
         assert rel(st["master_param"], r) < 2e-6
-        assert torch.equal(p.detach(), st["master_param"].bfloat16())  # the model is the master, rounded
+        assert torch.equal(
+            p.detach(), st["master_param"].bfloat16()
+        )  # the model is the master, rounded
 
 
 def test_bf16_without_master_keeps_bf16_state(device):

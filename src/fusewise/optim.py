@@ -145,8 +145,7 @@ class AdamW(torch.optim.Optimizer):
         for i, (p, st) in enumerate(zip(params, states)):
             master = "master_param" in st
             aligned = all(
-                t.data_ptr() % 16 == 0
-                for t in (p, p.grad, st["exp_avg"], st["exp_avg_sq"])
+                t.data_ptr() % 16 == 0 for t in (p, p.grad, st["exp_avg"], st["exp_avg_sq"])
             )
             key = (p.dtype, p.grad.dtype, st["exp_avg"].dtype, master, aligned, p.device)
             buckets.setdefault(key, []).append(i)

@@ -13,7 +13,7 @@ rounded model copy when master weights are kept): 28 bytes in fp32, and 28 in th
 fp32-master layout (grad 2, m 4, v 4, master 4 read; m, v, master 4 each and param 2 written).
 
 The kernel walks a table of pointers ([numel, param, grad, m, v, vmax, master, step] per tensor)
-and a chunk list ([tensor index, first element] per program), so every parameter of a bucket is
+and a chunk list ([tensor index, chunk index] per program), so every parameter of a bucket is
 updated by one launch. The step count and bias corrections are read on the device (a step tensor
 per parameter, as torch keeps), and lr may be a device tensor: no host sync, capturable.
 A found_inf flag (GradScaler) turns every program's update off on the device.
@@ -91,7 +91,9 @@ def adamw_kernel(TABLE, CHUNKS, LR, lr, beta1, beta2, eps, weight_decay, GRAD_SC
                  CHUNK_BLOCKS: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0)
     t = tl.load(CHUNKS + 2 * pid)
-    start = tl.load(CHUNKS + 2 * pid + 1)
+    # the chunk list holds chunk indices: start is then a known multiple of the chunk size,
+    # which (with 16-byte aligned base pointers) lets the loads vectorise
+    start = tl.load(CHUNKS + 2 * pid + 1) * (BLOCK * CHUNK_BLOCKS)
     row = TABLE + t * 8
     n = tl.load(row)
     if HAS_INF:
@@ -135,7 +137,7 @@ class Bucket:
 
     def __init__(self, numels: list[int]):
         chunk = BLOCK * CHUNK_BLOCKS
-        self.chunks_host = [(i, s) for i, n in enumerate(numels) for s in range(0, n, chunk)]
+        self.chunks_host = [(i, c) for i, n in enumerate(numels) for c in range(-(-n // chunk))]
         self.chunks = None
         self.key = None
         self.table = None
