@@ -51,6 +51,7 @@ class ManualMaster:
             m.grad = torch.empty_like(m)
         self.opt = torch.optim.AdamW(self.masters, fused=True, **kw)
 
+    @torch.no_grad()
     def step(self):
         torch._foreach_copy_([m.grad for m in self.masters], [p.grad for p in self.params])
         self.opt.step()
