@@ -88,3 +88,40 @@ def norm(kind: str, rows: int, cols: int, dtype: torch.dtype, *, backward: bool 
 def norm_fwd_bwd(kind: str, rows: int, cols: int, dtype: torch.dtype) -> Cost:
     """Forward plus backward: 5·rows·cols·s for layer_norm/rms_norm (the PERF.md byte model)."""
     return norm(kind, rows, cols, dtype) + norm(kind, rows, cols, dtype, backward=True)
+
+
+# --- aten ops, for the diagnosis -------------------------------------------------------------
+
+_MATMULS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default"}
+_ATTENTION = ("scaled_dot_product", "_flash_attention", "_efficient_attention")
+_GATHERS = ("aten.embedding.", "aten.index_select.", "aten.gather.", "aten.index.Tensor")
+
+
+def aten_op(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], *,
+            is_view: bool = False, written: set[int] = frozenset()) -> Cost:  # fmt: skip
+    """FLOPs and bytes of one aten op as it ran (as written: each tensor argument read once,
+    each output written once; a view moves nothing). Matmuls count 2·m·n·k; attention kernels
+    4·B·H·S_q·S_k·D; everything else one FLOP per element of its largest operand."""
+    if is_view:
+        return Cost(0.0, 0.0)
+    reads = {id(t): t for t in inputs}
+    writes = {id(t): t for t in outputs}
+    writes.update({id(t): t for t in inputs if id(t) in written})  # in place, foreach, out=
+    nbytes = float(sum(t.numel() * t.element_size() for t in (*reads.values(), *writes.values())))
+    if name.startswith(_GATHERS) and outputs:
+        # reads only the rows it gathers (as many bytes as it writes) and the indices
+        out_bytes = sum(t.numel() * t.element_size() for t in outputs)
+        idx_bytes = sum(t.numel() * t.element_size() for t in inputs if not t.is_floating_point())
+        return Cost(float(sum(t.numel() for t in outputs)), 2.0 * out_bytes + idx_bytes)
+    if name in _MATMULS:
+        a, b = (inputs[-2], inputs[-1])
+        m, k = a.shape[-2], a.shape[-1]
+        n = b.shape[-1]
+        batch = a.numel() // (m * k) if a.dim() == 3 else 1
+        return Cost(2.0 * batch * m * n * k, nbytes)
+    if any(s in name for s in _ATTENTION) and len(inputs) >= 3 and inputs[0].dim() == 4:
+        q, k = inputs[0], inputs[1]
+        b, h, sq, d = q.shape
+        return Cost(4.0 * b * h * sq * k.shape[-2] * d, nbytes)
+    largest = max((t.numel() for t in list(inputs) + list(outputs)), default=0)
+    return Cost(float(largest), float(nbytes))

@@ -1,0 +1,234 @@
+"""Record the aten ops of a step as a dataflow graph: who produced each tensor and who read it.
+
+A TorchDispatchMode sees every aten op of forward, backward and optimizer; a TorchFunctionMode
+beside it maps each autograd node created in the forward to the user's source line, so backward
+ops (run by that node) are attributed to the forward line that made them.
+
+Tensor identity is by *value*: a tensor object gets a value id when first seen, and a new one
+each time an op writes to it in place (so a consumer depends on the write it read). A view op
+moves no bytes; its output is a new value whose producer is the view op, so dataflow goes through
+it. Bytes and FLOPs come from fusewise.cost.aten_op.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from .. import cost
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+# ops whose schema says "new tensor" but which return a view of their input's storage
+_VIEW_LIKE = ("aten._unsafe_view",)
+_FUSEWISE_DIR = os.path.dirname(os.path.dirname(__file__))
+_EXAMPLES_DIR = os.path.join(_FUSEWISE_DIR, "examples")  # user code, though it ships with us
+
+
+@dataclass
+class Value:
+    """One tensor value: a tensor object between two in-place writes."""
+
+    vid: int
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    obj: int = -1  # vid of the tensor object's first value: in-place writes share it
+
+    def __post_init__(self):
+        if self.obj < 0:
+            self.obj = self.vid
+
+
+@dataclass
+class OpRecord:
+    index: int
+    name: str  # aten overload, e.g. "aten.mm.default"
+    phase: str  # "forward", "backward" or "optimizer"
+    inputs: list[int]  # value ids read
+    outputs: list[int]  # value ids written (a fresh id for in-place writes)
+    flops: float
+    bytes: float
+    where: str  # path:line in the user's code ("?" when none was found)
+    is_view: bool = False
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes else float("inf")
+
+
+@dataclass
+class OpGraph:
+    ops: list[OpRecord] = field(default_factory=list)
+    values: dict[int, Value] = field(default_factory=dict)
+
+    def producer(self) -> dict[int, int]:
+        """value id -> index of the op that wrote it."""
+        return {v: op.index for op in self.ops for v in op.outputs}
+
+    def consumers(self) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for op in self.ops:
+            for v in op.inputs:
+                out.setdefault(v, []).append(op.index)
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps({"ops": [asdict(o) for o in self.ops],
+                           "values": [asdict(v) for v in self.values.values()]})  # fmt: skip
+
+    @classmethod
+    def from_json(cls, text: str) -> OpGraph:
+        d = json.loads(text)
+        values = {v["vid"]: Value(v["vid"], tuple(v["shape"]), v["dtype"], v["nbytes"], v["obj"])
+                  for v in d["values"]}  # fmt: skip
+        return cls([OpRecord(**o) for o in d["ops"]], values)
+
+
+def user_line(skip_dirs=(_TORCH_DIR, _FUSEWISE_DIR)) -> str:
+    """path:line of the innermost frame outside torch and fusewise."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        user = not path.startswith(skip_dirs) or path.startswith(_EXAMPLES_DIR)
+        if user and not path.startswith("<"):
+            rel = os.path.relpath(path)
+            return f"{path if rel.startswith('..') else rel}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
+class _LineOfNode(TorchFunctionMode):
+    """Remembers, for each autograd node made in the forward, the user line that made it."""
+
+    def __init__(self, lines: dict):
+        super().__init__()
+        self.lines = lines
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        line = None
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if (
+                isinstance(t, torch.Tensor)
+                and t.grad_fn is not None
+                and t.grad_fn not in self.lines
+            ):
+                line = line or user_line()
+                self._claim(t.grad_fn, line)
+        return out
+
+    def _claim(self, node, line: str) -> None:
+        """The node and the unclaimed nodes behind it: a composite function (F.cross_entropy is
+        log_softmax + nll_loss) makes inner nodes this mode never sees returned."""
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if n is None or n in self.lines or type(n).__name__ == "AccumulateGrad":
+                continue
+            self.lines[n] = line
+            stack.extend(f for f, _ in n.next_functions)
+
+
+class _Dispatch(TorchDispatchMode):
+    def __init__(self, rec: Recorder):
+        super().__init__()
+        self.rec = rec
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.rec._record(func, args, kwargs, out)
+        return out
+
+
+class Recorder:
+    """with Recorder() as rec: step()  ->  rec.graph. Optimizer steps (any torch Optimizer) are
+    marked phase "optimizer" through torch's global optimizer hooks."""
+
+    def __init__(self):
+        self.graph = OpGraph()
+        self._vid = WeakIdKeyDictionary()
+        self._next = 0
+        self._node_lines: dict = {}
+        self._in_optimizer = 0
+        self._hooks = []
+
+    # value ids
+    def _value(self, t: torch.Tensor, fresh: bool = False) -> int:
+        if fresh or t not in self._vid:
+            obj = self.graph.values[self._vid[t]].obj if t in self._vid else self._next
+            self._vid[t] = self._next
+            self.graph.values[self._next] = Value(self._next, tuple(t.shape),
+                                                  str(t.dtype).replace("torch.", ""),
+                                                  t.numel() * t.element_size(), obj)  # fmt: skip
+            self._next += 1
+        return self._vid[t]
+
+    def _record(self, func, args, kwargs, out) -> None:
+        if func.namespace == "profiler":
+            return  # record_function markers, not work
+        schema = func._schema
+        written = set()
+        flat_args = []
+        for a, val in zip(schema.arguments, list(args) + [kwargs.get(a.name) for a in
+                                                          schema.arguments[len(args):]]):  # fmt: skip
+            tensors = [val] if isinstance(val, torch.Tensor) else (
+                [x for x in val if isinstance(x, torch.Tensor)] if isinstance(val, (list, tuple)) else [])  # fmt: skip
+            flat_args += tensors
+            if a.alias_info is not None and a.alias_info.is_write:
+                written.update(id(t) for t in tensors)
+        inputs = [self._value(t) for t in flat_args]
+        outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
+                if isinstance(t, torch.Tensor)]  # fmt: skip
+        is_view = (
+            str(func).startswith(_VIEW_LIKE)
+            or bool(schema.returns)
+            and all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+        )
+        # in-place and out= writes make a new value of the same tensor object
+        out_ids = [self._value(t, fresh=id(t) in written or not is_view) for t in outs]
+        out_ids += [self._value(t, fresh=True) for t in flat_args
+                    if id(t) in written and all(t is not o for o in outs)]  # fmt: skip
+        c = cost.aten_op(str(func), flat_args, outs, is_view=is_view, written=written)
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            phase, where = "backward", self._node_lines.get(node, "?")
+        else:
+            phase = "optimizer" if self._in_optimizer else "forward"
+            where = user_line()
+        self.graph.ops.append(OpRecord(len(self.graph.ops), str(func), phase, inputs, out_ids,
+                                       c.flops, c.bytes, where, is_view))  # fmt: skip
+
+    def __enter__(self):
+        from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                           register_optimizer_step_pre_hook)  # fmt: skip
+
+        def pre(*_):
+            self._in_optimizer += 1
+
+        def post(*_):
+            self._in_optimizer -= 1
+
+        self._hooks = [
+            register_optimizer_step_pre_hook(pre),
+            register_optimizer_step_post_hook(post),
+        ]
+        self._modes = [_LineOfNode(self._node_lines), _Dispatch(self)]
+        for m in self._modes:
+            m.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        for m in reversed(self._modes):
+            m.__exit__(*exc)
+        for h in self._hooks:
+            h.remove()
+        self._node_lines.clear()  # the nodes keep autograd graphs alive
+        return False

@@ -1,0 +1,234 @@
+"""Fusion chains: connected producer -> consumer runs of memory-bound ops whose traffic as written
+is well above what one fused kernel needs (external inputs read once, external outputs written
+once). The seed's signature: several ops in sequence, an intermediate larger than the endpoints,
+few FLOPs per byte.
+
+A chain never spans a compute-bound op (matmul) on a path between two of its members: every op
+gets a depth, the number of compute ops on its longest path from the step's inputs, and only ops
+of equal depth join (a fused kernel cannot run across a matmul that sits between its parts, as
+attention sits between a block's LayerNorm and its residual add). A matmul may still open or
+close a chain (attention scores, logits before a loss) when the tensor it shares with the chain
+is much larger than its other operands; a chain whose avoidable traffic is small next to the time
+its matmuls need (a feed-forward block) is not reported.
+
+Stateless: (OpGraph, Ceilings) -> list[Finding].
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ..capture.opgraph import OpGraph, OpRecord
+from . import thresholds as T
+from .findings import Finding
+
+MATMULS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default"}
+# bookkeeping ops that move no activation data worth fusing
+_IGNORED = ("aten._local_scalar_dense", "aten.detach", "aten.lift_fresh", "aten.ones_like",
+            "aten.zeros_like", "aten.empty", "aten.zeros", "aten.ones", "aten.full",
+            "aten.scalar_tensor")  # fmt: skip
+
+FIXES = {
+    "norm": "fusewise.ops.layer_norm / fusewise.ops.rms_norm (or fusewise.nn.LayerNorm / RMSNorm)",
+    "optimizer": "fusewise.optim.AdamW (one fused pass), or torch.optim.AdamW(fused=True)",
+    "cross-entropy": "compute the loss without materialising fp32 logits: torch.compile the "
+                     "loss, or a fused linear + cross-entropy",
+    "attention": "torch.nn.functional.scaled_dot_product_attention (flash / memory-efficient)",
+    "elementwise": "torch.compile the function (Inductor fuses elementwise chains)",
+    "other": "torch.compile the function, or a custom fused kernel",
+}  # fmt: skip
+
+
+def _kind(op: OpRecord, ridge: float) -> str:
+    if op.is_view or op.name.startswith(_IGNORED) or op.bytes == 0:
+        return "skip"
+    if op.name in MATMULS:
+        return "matmul"
+    return "membound" if op.intensity < ridge else "skip"
+
+
+class _Graph:
+    """Producer/consumer maps with views made transparent (a view's value is its base's)."""
+
+    def __init__(self, g: OpGraph):
+        self.g = g
+        self.base: dict[int, int] = {}
+        for op in g.ops:
+            if op.is_view and op.inputs:
+                src = self.resolve(op.inputs[0])
+                for v in op.outputs:
+                    self.base[v] = src
+        # the last value of each tensor object: state updated in place (optimizer moments,
+        # parameters) persists after the step, so its last write is an output of any chain
+        self.last_of_obj: dict[int, int] = {}
+        for v in g.values.values():
+            self.last_of_obj[v.obj] = max(v.vid, self.last_of_obj.get(v.obj, -1))
+        self.producer: dict[int, int] = {}
+        self.consumers: dict[int, set[int]] = defaultdict(set)
+        for op in g.ops:
+            if op.is_view:
+                continue
+            for v in op.outputs:
+                self.producer[self.resolve(v)] = op.index
+            for v in op.inputs:
+                self.consumers[self.resolve(v)].add(op.index)
+
+    def resolve(self, v: int) -> int:
+        while v in self.base:
+            v = self.base[v]
+        return v
+
+    def nbytes(self, v: int) -> int:
+        return self.g.values[v].nbytes
+
+
+def _depths(gr: _Graph, kinds: dict[int, str]) -> list[int]:
+    """Compute ops (anything not memory-bound) on the longest path to each op."""
+    depth = [0] * len(gr.g.ops)
+    for op in gr.g.ops:  # execution order is a topological order
+        d = 0
+        for v in op.inputs:
+            p = gr.producer.get(gr.resolve(v))
+            if p is not None and p != op.index:
+                d = max(d, depth[p] + (kinds[p] != "membound" and not gr.g.ops[p].is_view))
+        depth[op.index] = d
+    return depth
+
+
+def _components(gr: _Graph, kinds: dict[int, str]) -> list[set[int]]:
+    """Union-find over memory-bound ops joined by a produced/consumed value, same phase and
+    depth."""
+    parent = {i: i for i, k in kinds.items() if k == "membound"}
+    depth = _depths(gr, kinds)
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i in parent:
+        op = gr.g.ops[i]
+        for v in op.inputs:
+            p = gr.producer.get(gr.resolve(v))
+            if p in parent and gr.g.ops[p].phase == op.phase and depth[p] == depth[i]:
+                parent[find(p)] = find(i)
+    groups: dict[int, set[int]] = defaultdict(set)
+    for i in parent:
+        groups[find(i)].add(i)
+    return list(groups.values())
+
+
+def _attach_matmuls(gr: _Graph, comp: set[int], kinds: dict[int, str]) -> set[int]:
+    """Add a matmul that opens or closes the chain through a tensor much larger than its other
+    operands (attention scores, logits); a feed-forward matmul stays out."""
+    out = set(comp)
+    for i in comp:
+        op = gr.g.ops[i]
+        links = [(gr.producer.get(gr.resolve(v)), gr.resolve(v)) for v in op.inputs]
+        links += [(c, gr.resolve(v)) for v in op.outputs for c in gr.consumers[gr.resolve(v)]]
+        for j, v in links:
+            if j is None or kinds.get(j) != "matmul" or gr.g.ops[j].phase != op.phase:
+                continue
+            others = sum(gr.nbytes(gr.resolve(u)) for u in gr.g.ops[j].inputs + gr.g.ops[j].outputs
+                         if gr.resolve(u) != v)  # fmt: skip
+            if gr.nbytes(v) >= T.MATMUL_JOIN_RATIO * max(others, 1):
+                out.add(j)
+    return out
+
+
+def _pattern(ops: list[OpRecord]) -> str:
+    names = " ".join(op.name for op in ops)
+    if ops[0].phase == "optimizer":
+        return "optimizer"
+    if any(s in names for s in ("log_softmax", "nll_loss", "logsumexp", "cross_entropy")):
+        return "cross-entropy"
+    if "._softmax" in names or ".softmax" in names:  # a softmax that is not a log-softmax
+        return "attention"
+    if ("rsqrt" in names or "sqrt" in names or ".var" in names) and ".mean" in names:
+        return "norm"
+    if all(op.name not in MATMULS and "sum" not in op.name and "mean" not in op.name
+           and "max" not in op.name for op in ops):  # fmt: skip
+        return "elementwise"
+    return "other"
+
+
+def chain_cost(gr: _Graph, chain: set[int]) -> tuple[float, float, int | None]:
+    """(bytes as written, fused minimum, largest internal value or None). Among equally large
+    intermediates the one made by the line that writes most of the chain's bytes is named."""
+    written = sum(gr.g.ops[i].bytes for i in chain)
+    line_bytes: dict[str, float] = defaultdict(float)
+    for i in chain:
+        line_bytes[gr.g.ops[i].where] += gr.g.ops[i].bytes
+    produced = {gr.resolve(v) for i in chain for v in gr.g.ops[i].outputs}
+    read = {gr.resolve(v) for i in chain for v in gr.g.ops[i].inputs}
+    ext_in = read - produced
+    values = gr.g.values
+    # an output: read after the chain, or the last write to a tensor the chain did not create
+    ext_out = {v for v in produced if not gr.consumers[v] or gr.consumers[v] - chain
+               or (values[v].obj != v and values[v].obj not in produced
+                   and gr.last_of_obj[values[v].obj] == v)}  # fmt: skip
+    internal = produced - ext_out
+    minimum = sum(gr.nbytes(v) for v in ext_in | ext_out)
+    largest = max(internal, default=None,
+                  key=lambda v: (gr.nbytes(v), line_bytes[gr.g.ops[gr.producer[v]].where]))  # fmt: skip
+    return written, minimum, largest
+
+
+def find_chains(graph: OpGraph, ceilings) -> list[Finding]:
+    """One finding per (pattern, source line), chains of the same line summed (an optimizer
+    loop makes one chain per parameter), sorted by predicted saving. ceilings: a
+    hardware.Ceilings (bandwidth_GBps, matmul_TFLOPs, ridge)."""
+    bandwidth_GBps = ceilings.bandwidth_GBps
+    gr = _Graph(graph)
+    kinds = {op.index: _kind(op, ceilings.ridge) for op in graph.ops}
+    merged: dict[tuple[str, str, str], dict] = {}
+    for comp in _components(gr, kinds):
+        chain = _attach_matmuls(gr, comp, kinds)
+        if len(chain) < 2:
+            continue
+        written, minimum, largest = chain_cost(gr, chain)
+        flops = sum(graph.ops[i].flops for i in chain if kinds[i] == "matmul")
+        matmul_s = flops / (ceilings.matmul_TFLOPs * 1e12)
+        saving_s = (written - minimum) / (bandwidth_GBps * 1e9)
+        if saving_s <= 0 or saving_s < T.CHAIN_MIN_SHARE_OF_MATMUL * matmul_s:
+            continue  # nothing to save, or the matmuls dominate (a feed-forward block)
+        ops = [graph.ops[i] for i in sorted(chain)]
+        where_op = (
+            graph.ops[gr.producer[largest]]
+            if largest is not None
+            else max(ops, key=lambda o: o.bytes)
+        )
+        key = (_pattern(ops), where_op.where, ops[0].phase)
+        m = merged.setdefault(key, dict(written=0.0, minimum=0.0, chains=0, ops=0,
+                                        largest=0, names=set()))  # fmt: skip
+        m["written"] += written
+        m["minimum"] += minimum
+        m["chains"] += 1
+        m["ops"] += len(ops)
+        m["largest"] = max(m["largest"], gr.nbytes(largest) if largest is not None else 0)
+        m["names"].update(op.name.split(".")[1] for op in ops)
+    # a backward chain takes the pattern of the forward chain made by the same line (backward ops
+    # of a norm are muls and sums; their line says what they are the gradient of)
+    forward_pattern = {w: p for (p, w, ph) in merged if ph == "forward" and p != "other"}
+    findings = []
+    for (pattern, where, phase), m in merged.items():
+        if phase == "backward" and pattern in ("other", "elementwise"):
+            pattern = forward_pattern.get(where, pattern)
+        avoidable = m["written"] - m["minimum"]
+        if (
+            avoidable < T.CHAIN_MIN_AVOIDABLE_BYTES
+            or m["written"] < T.CHAIN_MIN_RATIO * m["minimum"]
+        ):
+            continue
+        findings.append(Finding(
+            kind="fusion-chain", pattern=pattern, where=where,
+            title=f"{pattern} chain in the {phase}: {m['ops']} ops move "
+                  f"{m['written'] / 1e6:,.1f} MB where a fused kernel needs {m['minimum'] / 1e6:,.1f} MB",
+            est_saving_ms=avoidable / (bandwidth_GBps * 1e9) * 1e3, bytes_avoidable=avoidable,
+            fix=FIXES[pattern],
+            evidence=dict(phase=phase, chains=m["chains"], ops=m["ops"], bytes_as_written=m["written"],
+                          bytes_fused_minimum=m["minimum"], largest_intermediate_bytes=m["largest"],
+                          op_names=sorted(m["names"])),
+        ))  # fmt: skip
+    return sorted(findings, key=lambda f: -f.est_saving_ms)

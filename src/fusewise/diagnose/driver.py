@@ -1,0 +1,90 @@
+"""fusewise.diagnose(step): the seed's procedure on a user's step, as data.
+
+What runs, in order: `warmup` calls of step(); `steps` timed calls (median = the baseline; peak
+memory on a GPU); `steps` calls under torch.profiler (time per op); one call under the op-graph
+recorder (dataflow, bytes, FLOPs, source lines). That is warmup + 2·steps + 1 calls in all. With
+`restore=[model, optimizer, ...]` the state_dict of each is saved first and loaded back at the
+end, so a diagnosis can sit inside a real run without changing it.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+
+import torch
+
+from .. import hardware
+from ..capture.opgraph import Recorder
+from ..report import Report
+from .breakdown import top_ops
+from .chains import find_chains
+from .quadratic import find_quadratic
+
+
+def _sync(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def diagnose(step, steps: int = 5, warmup: int = 2, *, restore=(), ceilings=None,
+             top: int = 10) -> Report:  # fmt: skip
+    """Run `step` (a zero-argument callable doing one training or inference step) and return a
+    Report: baseline, top ops with roofline, and findings ranked by predicted saving."""
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+    cuda = torch.cuda.is_available()
+    ceil = ceilings or hardware.ceilings("cuda" if cuda else "cpu")
+    saved = [(obj, copy.deepcopy(obj.state_dict())) for obj in restore]
+    try:
+        for _ in range(warmup):
+            step()
+        _sync(cuda)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            step()
+            _sync(cuda)
+            times.append((time.perf_counter() - t0) * 1e3)
+        median_ms = statistics.median(times)
+        peak = torch.cuda.max_memory_allocated() if cuda else None
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if cuda:
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=acts) as prof:
+            for _ in range(steps):
+                step()
+            _sync(cuda)
+        op_ms = {
+            e.key: (e.device_time_total if cuda else e.self_cpu_time_total) / 1e3 / steps
+            for e in prof.key_averages()
+        }
+        t0 = time.perf_counter()
+        with Recorder() as rec:
+            step()
+            _sync(cuda)
+        captured_ms = (time.perf_counter() - t0) * 1e3
+    finally:
+        for obj, state in saved:
+            obj.load_state_dict(state)
+    graph = rec.graph
+    findings = sorted(find_chains(graph, ceil) + find_quadratic(graph),
+                      key=lambda f: -f.est_saving_ms)  # fmt: skip
+    skipped = [
+        {"analysis": "memory-scaling", "reason": "needs the step at two sizes "
+         "(fusewise diagnose SCRIPT --sizes NAME=V1,V2); not run by diagnose(step)"},
+        {"analysis": "gaps, host-sync, data-loading, attention-fallback",
+         "reason": "not implemented in this version of fusewise"},
+    ]  # fmt: skip
+    return Report(
+        device={"name": ceil.device_name, "type": ceil.device_type,
+                "bandwidth_GBps": ceil.bandwidth_GBps, "matmul_TFLOPs": ceil.matmul_TFLOPs,
+                "ridge": ceil.ridge},
+        step={"median_ms": median_ms, "peak_memory_bytes": peak, "steps_measured": steps,
+              "capture_overhead_ratio": captured_ms / median_ms if median_ms else None,
+              "ops_recorded": len(graph.ops)},
+        top=top_ops(op_ms, graph, ceil, median_ms, n=top), findings=findings, skipped=skipped,
+    )  # fmt: skip

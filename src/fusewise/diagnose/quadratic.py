@@ -1,0 +1,42 @@
+"""Quadratic intermediates from the op graph alone: an [.., S, S] tensor made by a matmul,
+softmax or mask is attention materialised in full, so memory grows with the square of the
+sequence length. Stateless: (OpGraph) -> list[Finding]."""
+
+from __future__ import annotations
+
+from ..capture.opgraph import OpGraph
+from . import thresholds as T
+from .findings import Finding
+
+_MAKERS = ("aten.bmm", "aten.mm", "aten.baddbmm", "aten._softmax", "aten.softmax",
+           "aten.masked_fill", "aten.div", "aten.mul", "aten.add", "aten.where")  # fmt: skip
+
+
+def find_quadratic(graph: OpGraph) -> list[Finding]:
+    # one finding per shape, named by the first line that made it (the scores); the lines that
+    # then mask and softmax the same [S, S] tensor are the same problem
+    worst: dict[str, tuple[int, tuple]] = {}
+    shapes_seen: set[tuple] = set()
+    for op in graph.ops:
+        if op.phase != "forward" or not op.name.startswith(_MAKERS):
+            continue
+        for vid in op.outputs:
+            v = graph.values[vid]
+            if (len(v.shape) >= 3 and v.shape[-1] == v.shape[-2] >= T.QUADRATIC_MIN_SEQ
+                    and v.nbytes >= T.QUADRATIC_MIN_BYTES and v.shape not in shapes_seen):  # fmt: skip
+                shapes_seen.add(v.shape)
+                worst[op.where] = (v.nbytes, v.shape)
+    return [
+        Finding(
+            kind="quadratic-memory",
+            where=where,
+            est_saving_ms=0.0,
+            bytes_avoidable=float(nbytes),
+            title=f"a {list(shape)} tensor ({nbytes / 1e6:,.1f} MB) grows with the square of the "
+            f"sequence length ({shape[-1]})",
+            fix="scaled_dot_product_attention keeps attention linear in memory; check it runs a "
+            "flash or memory-efficient backend (no explicit mask, supported dtype and head dim)",
+            evidence=dict(shape=list(shape), bytes=nbytes),
+        )  # fmt: skip
+        for where, (nbytes, shape) in sorted(worst.items(), key=lambda kv: -kv[1][0])
+    ]

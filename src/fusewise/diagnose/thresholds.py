@@ -1,0 +1,22 @@
+"""Default thresholds of the analyzers, in one place, each with its reason (docs/findings.md)."""
+
+# fusion-chain: report a chain only if a fused kernel would move at least this many fewer bytes...
+CHAIN_MIN_AVOIDABLE_BYTES = 1 << 20  # 1 MiB: ~0.25 us at H200 bandwidth, a floor against noise
+# ...and the chain as written moves at least this multiple of the fused minimum. 1.5 means a
+# third of the traffic is avoidable; below that a fusion rarely pays for its complexity.
+CHAIN_MIN_RATIO = 1.5
+# A matmul joins a chain (attention scores, logits before a loss) only if the tensor between it
+# and the chain is this many times larger than the matmul's other operands: true of [S, S]
+# scores against two [S, D] heads once S >= 4·D, and of [N, V] logits against [N, d] and
+# [V, d]. (A feed-forward block's [N, 4d] activation may join too; such a chain is then dropped
+# as compute-bound.)
+MATMUL_JOIN_RATIO = 2.0
+# quadratic-memory: a tensor whose last two dims are equal and at least this long, produced by a
+# matmul or a softmax, is an [.., S, S] attention intermediate.
+QUADRATIC_MIN_SEQ = 128
+QUADRATIC_MIN_BYTES = 1 << 20
+# A chain that includes matmuls is reported only if its avoidable traffic takes at least this
+# share of the matmuls' time at the matmul rate: attention scores and large-vocabulary logits pass
+# easily on a GPU, a feed-forward block's activation (about a fifth of its matmul time on an H200
+# in bf16) does not.
+CHAIN_MIN_SHARE_OF_MATMUL = 0.25

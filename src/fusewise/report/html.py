@@ -1,0 +1,72 @@
+"""A self-contained HTML report (no network): tables and an inline-SVG roofline plot."""
+
+from __future__ import annotations
+
+import html
+import math
+
+
+def _roofline_svg(r: dict, w: int = 560, h: int = 320) -> str:
+    d = r["device"]
+    pts = [(row["intensity"], row["flops"] / (row["ms_per_step"] * 1e-3) / 1e12, row["name"])
+           for row in r["top"] if row["flops"] > 0 and row["ms_per_step"] > 0
+           and math.isfinite(row["intensity"])]  # fmt: skip
+    x_lo, x_hi = -2.0, 4.0  # log10 FLOP/byte
+    peak = d["matmul_TFLOPs"]
+    y_hi = math.log10(peak) + 0.5
+    y_lo = y_hi - 6
+
+    def sx(i):
+        return 50 + (math.log10(max(i, 1e-9)) - x_lo) / (x_hi - x_lo) * (w - 70)
+
+    def sy(t):
+        return h - 30 - (math.log10(max(t, 1e-12)) - y_lo) / (y_hi - y_lo) * (h - 50)
+
+    ridge = d["ridge"]
+    bw_tb = d["bandwidth_GBps"] / 1e3
+    roof = (f'<polyline fill="none" stroke="#444" stroke-width="2" points="'
+            f'{sx(10**x_lo):.1f},{sy(bw_tb * 10**x_lo):.1f} {sx(ridge):.1f},{sy(peak):.1f} '
+            f'{sx(10**x_hi):.1f},{sy(peak):.1f}"/>')  # fmt: skip
+    dots = "".join(
+        f'<circle cx="{sx(i):.1f}" cy="{sy(t):.1f}" r="4" fill="#c0392b"><title>'
+        f'{html.escape(n)}: {i:.1f} FLOP/B, {t:.3f} TFLOP/s</title></circle>'
+        f'<text x="{sx(i) + 6:.1f}" y="{sy(t) - 4:.1f}" font-size="9">{html.escape(n[6:])}</text>'
+        for i, t, n in pts
+    )  # fmt: skip
+    axes = (f'<text x="{w / 2:.0f}" y="{h - 5}" font-size="11" text-anchor="middle">'
+            f'intensity (FLOP/byte, log)</text><text x="12" y="{h / 2:.0f}" font-size="11" '
+            f'transform="rotate(-90 12 {h / 2:.0f})" text-anchor="middle">TFLOP/s (log)</text>')  # fmt: skip
+    return (
+        f'<svg width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg">{roof}{dots}{axes}</svg>'
+    )
+
+
+def _table(rows: list[dict], cols: list[str]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_fmt(row.get(c)))}</td>" for c in cols) + "</tr>"
+        for row in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:,.3g}" if abs(v) < 1e4 else f"{v:,.0f}"
+    return "" if v is None else str(v)
+
+
+def render_html(r: dict) -> str:
+    d, s = r["device"], r["step"]
+    findings = [dict(f, evidence=None) for f in r["findings"]]
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>fusewise report</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse;
+margin:1em 0}}td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px}}th{{background:#eee}}
+</style></head><body><h1>fusewise diagnosis</h1>
+<p>{html.escape(d['name'])}: {d['bandwidth_GBps']:,.0f} GB/s, {d['matmul_TFLOPs']:,.1f} TFLOP/s,
+ridge {d['ridge']:,.0f} FLOP/byte. Step {s['median_ms']:.2f} ms (median of {s['steps_measured']}).</p>
+<h2>Findings</h2>{_table(findings, ['kind', 'pattern', 'where', 'est_saving_ms', 'bytes_avoidable', 'fix', 'title'])}
+<h2>Roofline of the top ops</h2>{_roofline_svg(r)}
+<h2>Breakdown</h2>{_table(r['top'], ['name', 'ms_per_step', 'share', 'flops', 'bytes', 'intensity', 'bound', 'pct_of_ceiling'])}
+<h2>Not run</h2>{_table(r['skipped'], ['analysis', 'reason'])}
+</body></html>"""

@@ -1,0 +1,49 @@
+"""The Report: JSON (stable schema, DESIGN.md), terminal text (rich) and self-contained HTML."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..diagnose.findings import Finding
+
+
+@dataclass
+class Report:
+    device: dict
+    step: dict
+    top: list[dict] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        from .. import __version__
+
+        return {"fusewise_version": __version__, "device": self.device, "step": self.step,
+                "top": self.top, "findings": [f.as_dict() for f in self.findings],
+                "skipped": self.skipped}  # fmt: skip
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), indent=1, default=float)
+
+    def save_json(self, path) -> None:
+        Path(path).write_text(self.to_json())
+
+    def save_html(self, path) -> None:
+        from .html import render_html
+
+        Path(path).write_text(render_html(self.as_dict()))
+
+    def render(self, console) -> None:
+        from .text import render_text
+
+        render_text(self.as_dict(), console)
+
+    def __str__(self) -> str:
+        from rich.console import Console
+
+        buf = io.StringIO()
+        self.render(Console(file=buf, width=120, force_terminal=False))
+        return buf.getvalue()

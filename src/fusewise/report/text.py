@@ -1,0 +1,36 @@
+"""Terminal rendering of a report dict with rich tables."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+
+def render_text(r: dict, console) -> None:
+    d, s = r["device"], r["step"]
+    peak = s.get("peak_memory_bytes")
+    console.print(f"[bold]fusewise {r['fusewise_version']}[/] on {d['name']}: bandwidth "
+                  f"{d['bandwidth_GBps']:,.0f} GB/s, matmul {d['matmul_TFLOPs']:,.1f} TFLOP/s, "
+                  f"ridge {d['ridge']:,.0f} FLOP/byte")  # fmt: skip
+    console.print(f"step: {s['median_ms']:.2f} ms (median of {s['steps_measured']})"
+                  + (f", peak memory {peak / 1e9:.2f} GB" if peak else ""))  # fmt: skip
+    t = Table(title="top ops (roofline)")
+    for col in ("op", "ms/step", "share", "GFLOP", "MB", "FLOP/B", "bound", "% of ceiling"):
+        t.add_column(col, justify="left" if col == "op" else "right")
+    for row in r["top"]:
+        t.add_row(row["name"], f"{row['ms_per_step']:.3f}", f"{100 * row['share']:.0f}%",
+                  f"{row['flops'] / 1e9:,.2f}", f"{row['bytes'] / 1e6:,.1f}",
+                  f"{row['intensity']:,.1f}", row["bound"], f"{row['pct_of_ceiling']:.0f}%")  # fmt: skip
+    console.print(t)
+    f = Table(title="findings, by predicted saving")
+    f.add_column("finding", no_wrap=True)
+    f.add_column("where", no_wrap=True)
+    f.add_column("saving ms", justify="right", no_wrap=True)
+    f.add_column("MB avoidable", justify="right", no_wrap=True)
+    f.add_column("fix", overflow="fold")
+    for x in r["findings"]:
+        name = x["kind"] + (f" ({x['pattern']})" if x["pattern"] else "")
+        f.add_row(name, x["where"], f"{x['est_saving_ms']:.3f}",
+                  f"{x['bytes_avoidable'] / 1e6:,.1f}", x["fix"])  # fmt: skip
+    console.print(f if r["findings"] else "no findings")
+    for sk in r["skipped"]:
+        console.print(f"[dim]not run: {sk['analysis']}: {sk['reason']}[/]")

@@ -1,0 +1,159 @@
+"""The diagnosis: recorder semantics, and the analyzers on golden op graphs of the example GPT
+step (tests/data, made by tests/data/make_golden.py), exact; plus diagnose() end to end."""
+
+import json
+import pathlib
+
+import pytest
+import torch
+
+import fusewise
+from fusewise.capture.opgraph import OpGraph, Recorder
+from fusewise.diagnose.chains import find_chains
+from fusewise.diagnose.quadratic import find_quadratic
+from fusewise.examples import gpt
+from fusewise.hardware import Ceilings
+
+DATA = pathlib.Path(__file__).parent / "data"
+H200 = Ceilings("NVIDIA H200 (PERF.md)", "cuda", 4274.0, 686.0, "test")
+
+
+def golden(variant: str) -> OpGraph:
+    return OpGraph.from_json((DATA / f"gpt_{variant}_step.json").read_text())
+
+
+def line_of(text: str) -> str:
+    """path:line of the example's source line containing text (as the recorder names it)."""
+    path = pathlib.Path(gpt.__file__)
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if text in line:
+            return f"src/fusewise/examples/gpt.py:{i}"
+    raise AssertionError(text)
+
+
+NORM = "return (x - mean) / torch.sqrt"
+SCORES = "scores = q @ k.transpose"
+LOGITS = "logits = self.head(x)"
+OPT_STEP = "opt.step()"
+
+
+def by_key(findings):
+    return {(f.pattern, f.where, f.evidence.get("phase")): f for f in findings}
+
+
+def test_naive_step_has_the_four_classic_chains():
+    found = by_key(find_chains(golden("naive"), H200))
+    assert ("norm", line_of(NORM), "forward") in found
+    assert ("attention", line_of(SCORES), "forward") in found
+    assert ("cross-entropy", line_of(LOGITS), "forward") in found
+    assert ("optimizer", line_of(OPT_STEP), "optimizer") in found
+    # backward chains are attributed to the forward line that made them
+    assert ("norm", line_of(NORM), "backward") in found
+    assert ("attention", line_of(SCORES), "backward") in found
+
+
+def test_optimizer_chain_minimum_is_the_adamw_byte_model():
+    g = golden("naive")
+    f = by_key(find_chains(g, H200))[("optimizer", line_of(OPT_STEP), "optimizer")]
+    n_params = sum(p.numel() for p in gpt.GPT(gpt.GPTConfig()).parameters())
+    n_tensors = len(list(gpt.GPT(gpt.GPTConfig()).parameters()))
+    assert f.evidence["chains"] == n_tensors  # one per parameter of the for-loop
+    # read param, grad, m, v; write param, m, v: 28 B per fp32 parameter (the step counter's
+    # add_ is a one-op update of its own, not part of the chain)
+    assert f.evidence["bytes_fused_minimum"] == 28 * n_params
+    assert f.bytes_avoidable == f.evidence["bytes_as_written"] - f.evidence["bytes_fused_minimum"]
+    assert f.est_saving_ms == pytest.approx(f.bytes_avoidable / 4274e9 * 1e3)
+
+
+def test_clean_step_has_none_of_them():
+    findings = find_chains(golden("clean"), H200)
+    patterns = {f.pattern for f in findings}
+    assert not patterns & {"norm", "attention", "optimizer"}, [f.title for f in findings]
+    # F.cross_entropy is log_softmax + nll_loss in eager torch: still a chain, and a smaller one
+    # than the naive step's (no fp32 copy of the logits there on a GPU; same on this fp32 CPU run)
+    assert find_quadratic(golden("clean")) == []
+
+
+def test_quadratic_scores_are_named_with_their_line():
+    (q,) = find_quadratic(golden("naive"))
+    c = gpt.GPTConfig()
+    assert q.where == line_of(SCORES)
+    assert q.evidence["shape"] == [c.batch, c.heads, c.seq, c.seq]
+
+
+def test_findings_are_ranked_by_saving():
+    savings = [f.est_saving_ms for f in find_chains(golden("naive"), H200)]
+    assert savings == sorted(savings, reverse=True) and savings[0] > 0
+
+
+# --- the recorder -----------------------------------------------------------------------------
+
+
+def test_views_move_nothing_and_in_place_writes_make_new_values():
+    x = torch.randn(8, 16, requires_grad=True)
+    with Recorder() as rec:
+        y = x.view(16, 8)  # line A
+        z = y * 2
+        z.add_(1)
+        z.sum().backward()
+    ops = rec.graph.ops
+    view = next(o for o in ops if o.name == "aten.view.default" and o.phase == "forward")
+    assert view.is_view and view.bytes == 0
+    add_ = next(o for o in ops if o.name == "aten.add_.Tensor")
+    mul = next(o for o in ops if o.name == "aten.mul.Tensor" and o.phase == "forward")
+    assert add_.inputs == mul.outputs and add_.outputs != mul.outputs  # read the mul, wrote anew
+    assert add_.bytes == 2 * 8 * 16 * 4  # read and write the tensor
+    here = pathlib.Path(__file__).name
+    assert view.where.endswith(f"{here}:{view.where.split(':')[-1]}") and here in mul.where
+    backward_lines = {
+        o.where for o in ops if o.phase == "backward" and not o.name.endswith("detach.default")
+    }
+    assert backward_lines <= {mul.where, view.where, next(o for o in ops if "sum" in o.name).where}
+
+
+def test_optimizer_ops_are_marked():
+    p = torch.nn.Parameter(torch.randn(10))
+    opt = torch.optim.SGD([p], lr=0.1)
+    p.grad = torch.randn(10)
+    with Recorder() as rec:
+        opt.step()
+    assert rec.graph.ops and all(o.phase == "optimizer" for o in rec.graph.ops)
+
+
+def test_graph_json_round_trip():
+    g = golden("clean")
+    again = OpGraph.from_json(g.to_json())
+    assert again.ops == g.ops and again.values == g.values
+
+
+# --- diagnose() end to end ----------------------------------------------------------------------
+
+
+def test_diagnose_end_to_end_restores_state(tmp_path):
+    step, model, opt = gpt.make_step(variant="naive")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = fusewise.diagnose(step, steps=2, warmup=1, restore=[model, opt], ceilings=H200)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k  # the diagnosis left the model as it found it
+    assert opt.state == {} or all(len(s) == 0 for s in opt.state.values())
+    d = json.loads(report.to_json())
+    assert set(d) == {"fusewise_version", "device", "step", "top", "findings", "skipped"}
+    assert set(d["device"]) == {"name", "type", "bandwidth_GBps", "matmul_TFLOPs", "ridge"}
+    assert d["step"]["median_ms"] > 0 and d["step"]["steps_measured"] == 2
+    assert {"name", "ms_per_step", "share", "flops", "bytes", "intensity", "bound",
+            "pct_of_ceiling"} == set(d["top"][0])  # fmt: skip
+    for f in d["findings"]:
+        assert set(f) == {"kind", "pattern", "title", "where", "est_saving_ms", "bytes_avoidable",
+                          "evidence", "fix"}  # fmt: skip
+    kinds = {(f["kind"], f["pattern"]) for f in d["findings"]}
+    assert {("fusion-chain", "norm"), ("fusion-chain", "attention"),
+            ("fusion-chain", "optimizer"), ("quadratic-memory", None)} <= kinds  # fmt: skip
+    assert any(
+        s["analysis"] == "memory-scaling" for s in d["skipped"]
+    )  # said, not silently skipped
+    text = str(report)
+    assert "norm" in text and "gpt.py" in text
+    html_path = tmp_path / "r.html"
+    report.save_html(html_path)
+    page = html_path.read_text()
+    assert "<svg" in page and "http://" not in page.replace("http://www.w3.org/2000/svg", "")
