@@ -15,12 +15,23 @@ def main(argv: list[str] | None = None) -> int:
     env = sub.add_parser("env", help="versions and the device's measured ceilings")
     env.add_argument("--refresh", action="store_true", help="measure again, ignoring the cache")
     env.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda if present)")
-    sub.add_parser("demo", help="fused norms against eager PyTorch on this machine")
+    demo = sub.add_parser("demo", help="diagnose a built-in GPT step, fix it, diagnose again")
+    demo.add_argument(
+        "what",
+        nargs="?",
+        default="diagnose",
+        choices=["diagnose", "norms"],
+        help="diagnose (default), or norms: the fused norms against eager PyTorch",
+    )
     args = parser.parse_args(argv)
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 150)
     if args.command == "env":
         return _env(console, args.device, args.refresh)
-    _interpret_without_gpu(argv)
+    if args.what == "norms":
+        _interpret_without_gpu(argv)
+        from . import demo_norms
+
+        return demo_norms.run(console)
     from . import demo
 
     return demo.run(console)
