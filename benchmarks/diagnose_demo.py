@@ -1,0 +1,33 @@
+"""Run the diagnosis demo and keep its reports: python benchmarks/diagnose_demo.py OUT_DIR.
+Writes naive/fixed JSON and HTML reports and prints the terminal rendering (GPU: realistic size)."""
+
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from fusewise.diagnose.driver import diagnose
+from fusewise.examples.gpt import GPTConfig, make_step
+
+
+def main(out: Path):
+    out.mkdir(parents=True, exist_ok=True)
+    gpu = torch.cuda.is_available()
+    cfg = GPTConfig(vocab=32768, seq=1024, d_model=1024, heads=16, layers=4, batch=8) if gpu else GPTConfig()
+    console = Console(width=160)
+    for variant in ("naive", "fusewise" if gpu else "clean"):
+        step, model, opt = make_step(cfg, variant=variant, device="cuda" if gpu else "cpu",
+                                     dtype=torch.bfloat16 if gpu else torch.float32)  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            r = diagnose(step, steps=7, warmup=2, restore=[model, opt])
+        console.rule(variant)
+        r.render(console)
+        r.save_json(out / f"demo_{variant}.json")
+        r.save_html(out / f"demo_{variant}.html")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "out"))
