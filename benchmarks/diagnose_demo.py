@@ -15,7 +15,11 @@ from fusewise.examples.gpt import GPTConfig, make_step
 def main(out: Path):
     out.mkdir(parents=True, exist_ok=True)
     gpu = torch.cuda.is_available()
-    cfg = GPTConfig(vocab=32768, seq=1024, d_model=1024, heads=16, layers=4, batch=8) if gpu else GPTConfig()
+    cfg = (
+        GPTConfig(vocab=32768, seq=1024, d_model=1024, heads=16, layers=4, batch=8)
+        if gpu
+        else GPTConfig()
+    )
     console = Console(width=160)
     for variant in ("naive", "fusewise" if gpu else "clean"):
         step, model, opt = make_step(cfg, variant=variant, device="cuda" if gpu else "cpu",

@@ -157,3 +157,14 @@ def test_diagnose_end_to_end_restores_state(tmp_path):
     report.save_html(html_path)
     page = html_path.read_text()
     assert "<svg" in page and "http://" not in page.replace("http://www.w3.org/2000/svg", "")
+
+
+def test_an_op_returning_its_own_input_is_not_a_view_cycle():
+    """lift_fresh (torch.tensor(...) inside a step) returns the tensor it was given; the view
+    resolution once looped forever on it (seen with fusewise.optim.AdamW's pointer tables)."""
+    with Recorder() as rec:
+        t = torch.tensor([1.0, 2.0, 3.0])
+        (t * 2).sum()
+    lift = [o for o in rec.graph.ops if o.name.startswith("aten.lift_fresh")]
+    assert lift and lift[0].inputs == lift[0].outputs
+    assert find_chains(rec.graph, H200) == []  # returns, rather than hanging

@@ -57,7 +57,8 @@ class _Graph:
             if op.is_view and op.inputs:
                 src = self.resolve(op.inputs[0])
                 for v in op.outputs:
-                    self.base[v] = src
+                    if v != src:  # lift_fresh, alias of itself: the same value, not a view of it
+                        self.base[v] = src
         # the last value of each tensor object: state updated in place (optimizer moments,
         # parameters) persists after the step, so its last write is an output of any chain
         self.last_of_obj: dict[int, int] = {}

@@ -58,10 +58,12 @@ def diagnose(step, steps: int = 5, warmup: int = 2, *, restore=(), ceilings=None
             for _ in range(steps):
                 step()
             _sync(cuda)
-        op_ms = {
-            e.key: (e.device_time_total if cuda else e.self_cpu_time_total) / 1e3 / steps
-            for e in prof.key_averages()
-        }
+        events = prof.key_averages()
+        # device time when the step ran on the GPU; CPU time for a CPU step (also when a GPU is
+        # present but the step never used it)
+        on_device = cuda and sum(e.device_time_total for e in events) > 0
+        op_ms = {e.key: (e.device_time_total if on_device else e.self_cpu_time_total) / 1e3 / steps
+                 for e in events}  # fmt: skip
         t0 = time.perf_counter()
         with Recorder() as rec:
             step()
