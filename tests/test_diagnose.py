@@ -168,3 +168,17 @@ def test_an_op_returning_its_own_input_is_not_a_view_cycle():
     lift = [o for o in rec.graph.ops if o.name.startswith("aten.lift_fresh")]
     assert lift and lift[0].inputs == lift[0].outputs
     assert find_chains(rec.graph, H200) == []  # returns, rather than hanging
+
+
+def test_square_activation_is_not_attention():
+    """[B, S, d] with d == S made by an add is an activation, not scores (a false positive the
+    H200 demo showed with d_model = seq = 1024)."""
+    x = torch.randn(2, 512, 512)
+    with Recorder() as rec:
+        (x + 1.0).sum()
+    assert find_quadratic(rec.graph) == []
+    q, k = torch.randn(2, 4, 512, 16), torch.randn(2, 4, 512, 16)
+    with Recorder() as rec:
+        torch.softmax(q @ k.transpose(-2, -1), -1)
+    (f,) = find_quadratic(rec.graph)
+    assert f.evidence["shape"] == [2, 4, 512, 512] and "test_diagnose.py" in f.where
