@@ -78,7 +78,8 @@ def test_quadratic_scores_are_named_with_their_line():
     (q,) = find_quadratic(golden("naive"))
     c = gpt.GPTConfig()
     assert q.where == line_of(SCORES)
-    assert q.evidence["shape"] == [c.batch, c.heads, c.seq, c.seq]
+    assert q.evidence["shape"][-2:] == [c.seq, c.seq]
+    assert q.evidence["bytes"] == c.batch * c.heads * c.seq * c.seq * 4
 
 
 def test_findings_are_ranked_by_saving():
@@ -181,4 +182,4 @@ def test_square_activation_is_not_attention():
     with Recorder() as rec:
         torch.softmax(q @ k.transpose(-2, -1), -1)
     (f,) = find_quadratic(rec.graph)
-    assert f.evidence["shape"] == [2, 4, 512, 512] and "test_diagnose.py" in f.where
+    assert f.evidence["shape"][-2:] == [512, 512] and "test_diagnose.py" in f.where

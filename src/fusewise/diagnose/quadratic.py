@@ -25,8 +25,10 @@ def find_quadratic(graph: OpGraph) -> list[Finding]:
         for vid in op.outputs:
             v = graph.values[vid]
             if (len(v.shape) >= 3 and v.shape[-1] == v.shape[-2] >= T.QUADRATIC_MIN_SEQ
-                    and v.nbytes >= T.QUADRATIC_MIN_BYTES and v.shape not in shapes_seen):  # fmt: skip
-                shapes_seen.add(v.shape)
+                    and v.nbytes >= T.QUADRATIC_MIN_BYTES
+                    and (v.shape[-1], v.nbytes) not in shapes_seen):  # fmt: skip
+                # bmm sees [B*H, S, S] where softmax sees [B, H, S, S]: the same tensor
+                shapes_seen.add((v.shape[-1], v.nbytes))
                 worst[op.where] = (v.nbytes, v.shape)
     return [
         Finding(
