@@ -10,11 +10,22 @@ from rich.console import Console
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script_args: list[str] = []
+    if "--" in argv:  # everything after -- belongs to the diagnosed script
+        cut = argv.index("--")
+        argv, script_args = argv[:cut], argv[cut + 1 :]
     parser = argparse.ArgumentParser(prog="fusewise", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     env = sub.add_parser("env", help="versions and the device's measured ceilings")
     env.add_argument("--refresh", action="store_true", help="measure again, ignoring the cache")
     env.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda if present)")
+    dg = sub.add_parser("diagnose", help="run SCRIPT in-process and diagnose its steps")
+    dg.add_argument("script")
+    dg.add_argument("--steps", type=int, default=5, help="steps timed, and steps profiled")
+    dg.add_argument("--warmup", type=int, default=2, help="steps run first, untouched")
+    dg.add_argument("--json", default=None, help="write the report as JSON here")
+    dg.add_argument("--html", default=None, help="write a self-contained HTML report here")
     demo = sub.add_parser("demo", help="diagnose a built-in GPT step, fix it, diagnose again")
     demo.add_argument(
         "what",
@@ -23,10 +34,14 @@ def main(argv: list[str] | None = None) -> int:
         choices=["diagnose", "norms"],
         help="diagnose (default), or norms: the fused norms against eager PyTorch",
     )
+    dg.epilog = "Arguments after -- are passed to SCRIPT."
     args = parser.parse_args(argv)
+    args.script_args = script_args
     console = Console(width=None if sys.stdout.isatty() else 150)
     if args.command == "env":
         return _env(console, args.device, args.refresh)
+    if args.command == "diagnose":
+        return _diagnose_script(console, args)
     if args.what == "norms":
         _interpret_without_gpu(argv)
         from . import demo_norms
@@ -70,3 +85,34 @@ def _interpret_without_gpu(argv: list[str] | None) -> None:
     env = dict(os.environ, TRITON_INTERPRET="1")
     args = sys.argv[1:] if argv is None else argv
     os.execve(sys.executable, [sys.executable, "-m", "fusewise", *args], env)
+
+
+def _diagnose_script(console: Console, args) -> int:
+    from . import hardware
+    from .capture.script import StepObserver
+    from .diagnose.driver import build_report, op_times
+
+    if args.steps < 1 or args.warmup < 0:
+        console.print("[red]--steps must be >= 1 and --warmup >= 0[/]")
+        return 2
+    if not os.path.isfile(args.script):
+        console.print(f"[red]no such script: {args.script}[/]")
+        return 2
+    obs = StepObserver(args.steps, args.warmup)
+    obs.run(args.script, args.script_args)
+    need = args.warmup + 2 * args.steps + 1
+    if not obs.complete:
+        console.print(f"[red]{args.script} ended after {obs.ends} step(s); the diagnosis needs "
+                      f"{need} (--warmup {args.warmup} + 2 x --steps {args.steps} + 1). A step "
+                      "ends at each optimizer.step() or fusewise.step(); lower --steps/--warmup "
+                      "or run the script longer.[/]")  # fmt: skip
+        return 1
+    ceil = hardware.ceilings("cuda" if obs.cuda else "cpu")
+    report = build_report(obs.recorder.graph, op_times(obs.prof, args.steps, obs.cuda),
+                          obs.times_ms, obs.peak, ceil, obs.captured_ms)  # fmt: skip
+    report.render(console)
+    if args.json:
+        report.save_json(args.json)
+    if args.html:
+        report.save_html(args.html)
+    return 0

@@ -49,7 +49,6 @@ def diagnose(step, steps: int = 5, warmup: int = 2, *, restore=(), ceilings=None
             step()
             _sync(cuda)
             times.append((time.perf_counter() - t0) * 1e3)
-        median_ms = statistics.median(times)
         peak = torch.cuda.max_memory_allocated() if cuda else None
         acts = [torch.profiler.ProfilerActivity.CPU]
         if cuda:
@@ -58,12 +57,7 @@ def diagnose(step, steps: int = 5, warmup: int = 2, *, restore=(), ceilings=None
             for _ in range(steps):
                 step()
             _sync(cuda)
-        events = prof.key_averages()
-        # device time when the step ran on the GPU; CPU time for a CPU step (also when a GPU is
-        # present but the step never used it)
-        on_device = cuda and sum(e.device_time_total for e in events) > 0
-        op_ms = {e.key: (e.device_time_total if on_device else e.self_cpu_time_total) / 1e3 / steps
-                 for e in events}  # fmt: skip
+        op_ms = op_times(prof, steps, cuda)
         t0 = time.perf_counter()
         with Recorder() as rec:
             step()
@@ -72,12 +66,29 @@ def diagnose(step, steps: int = 5, warmup: int = 2, *, restore=(), ceilings=None
     finally:
         for obj, state in saved:
             obj.load_state_dict(state)
-    graph = rec.graph
+    return build_report(rec.graph, op_ms, times, peak, ceil, captured_ms, top=top)
+
+
+def op_times(prof, steps: int, cuda: bool) -> dict[str, float]:
+    """ms per step for each profiler op name: device time when the step ran on the GPU; CPU
+    time for a CPU step (also when a GPU is present but the step never used it)."""
+    events = prof.key_averages()
+    on_device = cuda and sum(e.device_time_total for e in events) > 0
+    return {e.key: (e.device_time_total if on_device else e.self_cpu_time_total) / 1e3 / steps
+            for e in events}  # fmt: skip
+
+
+def build_report(graph, op_ms: dict[str, float], times_ms: list[float], peak, ceil,
+                 captured_ms: float, *, top: int = 10) -> Report:  # fmt: skip
+    """Run the analyzers on what was observed and assemble the Report (also used by the CLI's
+    script runner, which observes steps differently)."""
+    median_ms = statistics.median(times_ms)
+    steps = len(times_ms)
     findings = sorted(find_chains(graph, ceil) + find_quadratic(graph),
                       key=lambda f: -f.est_saving_ms)  # fmt: skip
     skipped = [
-        {"analysis": "memory-scaling", "reason": "needs the step at two sizes "
-         "(fusewise diagnose SCRIPT --sizes NAME=V1,V2); not run by diagnose(step)"},
+        {"analysis": "memory-scaling", "reason": "needs the step at two sizes; not implemented "
+         "yet (planned: fusewise diagnose SCRIPT --sizes NAME=V1,V2)"},
         {"analysis": "gaps, host-sync, data-loading, attention-fallback",
          "reason": "not implemented in this version of fusewise"},
     ]  # fmt: skip

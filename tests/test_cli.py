@@ -1,0 +1,91 @@
+"""The command line: env, diagnose SCRIPT (in-process, steps found through optimizer.step() or
+fusewise.step(), script stopped after the measured steps), and the demos' entry points."""
+
+import json
+import textwrap
+
+import pytest
+
+from fusewise.cli import main
+
+TRAIN = """
+import sys, torch
+model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.LayerNorm(256))
+opt = torch.optim.AdamW(model.parameters(), foreach=False)
+x = torch.randn(512, 256)
+n = int(sys.argv[1])
+done = 0
+for i in range(n):
+    try:
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+    except Exception:  # a script that swallows errors must still be stopped
+        pass
+    done += 1
+open(sys.argv[2], "w").write(str(done))
+"""
+
+INFER = """
+import torch, fusewise
+x = torch.randn(256, 512)
+for i in range(100):
+    y = torch.softmax(x @ x.T, -1) @ x
+    fusewise.step()
+"""
+
+
+def write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return str(p)
+
+
+def test_diagnose_script_stops_after_the_measured_steps(tmp_path):
+    script = write(tmp_path, "train.py", TRAIN)
+    marker, out = tmp_path / "done.txt", tmp_path / "r.json"
+    rc = main(["diagnose", script, "--steps", "2", "--warmup", "1", "--json", str(out), "--",
+               "50", str(marker)])  # fmt: skip
+    assert rc == 0
+    assert not marker.exists()  # stopped at step 1 + 2·2 + 1 = 6 of 50, before the end
+    d = json.loads(out.read_text())
+    assert d["step"]["steps_measured"] == 2 and d["step"]["ops_recorded"] > 0
+    found = {(f["pattern"], f["where"].split(":")[0].endswith("train.py")) for f in d["findings"]}
+    assert ("optimizer", True) in found  # the per-parameter AdamW loop, at the script's line
+
+
+def test_diagnose_script_with_fusewise_step(tmp_path):
+    script = write(tmp_path, "infer.py", INFER)
+    out = tmp_path / "r.html"
+    assert main(["diagnose", script, "--steps", "1", "--warmup", "0", "--html", str(out)]) == 0
+    assert "<svg" in out.read_text()
+
+
+def test_diagnose_script_that_ends_too_soon(tmp_path, capsys):
+    script = write(tmp_path, "train.py", TRAIN)
+    rc = main(["diagnose", script, "--steps", "3", "--", "2", str(tmp_path / "m.txt")])
+    assert rc == 1
+    assert "ended after 2 step(s); the diagnosis needs 9" in capsys.readouterr().out
+
+
+def test_diagnose_missing_script(capsys):
+    assert main(["diagnose", "no/such/script.py"]) == 2
+    assert "no such script" in capsys.readouterr().out
+
+
+def test_env_prints_ceilings(tmp_path, monkeypatch, capsys):
+    from fusewise import hardware
+
+    monkeypatch.setenv("FUSEWISE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(hardware, "measure_bandwidth", lambda d: 50.0)
+    monkeypatch.setattr(hardware, "measure_matmul", lambda d: 1.0)
+    assert main(["env", "--device", "cpu"]) == 0
+    text = capsys.readouterr().out
+    assert "50 GB/s" in text and "ridge point" in text and "torch" in text
+
+
+@pytest.mark.parametrize("argv", [["diagnose", "x.py", "--steps", "0"]])
+def test_bad_arguments(argv, tmp_path, capsys):
+    script = write(tmp_path, "x.py", "pass\n")
+    argv = [a if a != "x.py" else script for a in argv]
+    assert main(argv) == 2
