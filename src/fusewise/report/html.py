@@ -27,6 +27,11 @@ def _roofline_svg(r: dict, w: int = 560, h: int = 320) -> str:
     roof = (f'<polyline fill="none" stroke="#444" stroke-width="2" points="'
             f'{sx(10**x_lo):.1f},{sy(bw_tb * 10**x_lo):.1f} {sx(ridge):.1f},{sy(peak):.1f} '
             f'{sx(10**x_hi):.1f},{sy(peak):.1f}"/>')  # fmt: skip
+    labels = (f'<text x="{sx(ridge) + 4:.1f}" y="{sy(peak) - 6:.1f}" font-size="10">'
+              f'ridge {ridge:,.0f} FLOP/B, peak {peak:,.0f} TFLOP/s, '
+              f'{d["bandwidth_GBps"]:,.0f} GB/s</text>')  # fmt: skip
+    # points below the plotted range sit on its floor rather than off the picture
+    pts = [(i, max(t, 10 ** (y_lo + 0.05)), n) for i, t, n in pts]
     dots = "".join(
         f'<circle cx="{sx(i):.1f}" cy="{sy(t):.1f}" r="4" fill="#c0392b"><title>'
         f'{html.escape(n)}: {i:.1f} FLOP/B, {t:.3f} TFLOP/s</title></circle>'
@@ -37,7 +42,8 @@ def _roofline_svg(r: dict, w: int = 560, h: int = 320) -> str:
             f'intensity (FLOP/byte, log)</text><text x="12" y="{h / 2:.0f}" font-size="11" '
             f'transform="rotate(-90 12 {h / 2:.0f})" text-anchor="middle">TFLOP/s (log)</text>')  # fmt: skip
     return (
-        f'<svg width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg">{roof}{dots}{axes}</svg>'
+        f'<svg width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg">'
+        f"{roof}{labels}{dots}{axes}</svg>"
     )
 
 
