@@ -183,3 +183,18 @@ def test_square_activation_is_not_attention():
         torch.softmax(q @ k.transpose(-2, -1), -1)
     (f,) = find_quadratic(rec.graph)
     assert f.evidence["shape"][-2:] == [512, 512] and "test_diagnose.py" in f.where
+
+
+def test_a_billion_parameter_step_records_on_meta_tensors():
+    """The recorder's cost grows with the number of ops, not bytes: a 1.1e9-parameter step on
+    the meta device (no data) records fully and its chains are found (timing:
+    benchmarks/capture_overhead.py)."""
+    c = gpt.GPTConfig(vocab=128256, seq=2048, d_model=2048, heads=16, layers=2, batch=4)
+    with torch.device("meta"):
+        model = gpt.GPT(c, "naive")
+    assert sum(p.numel() for p in model.parameters()) > 0.6e9
+    idx = torch.zeros(c.batch, c.seq, dtype=torch.long, device="meta")
+    with Recorder() as rec:
+        model(idx, idx).backward()
+    found = {f.pattern for f in find_chains(rec.graph, H200)}
+    assert {"attention", "norm", "cross-entropy"} <= found
