@@ -15,14 +15,12 @@ grads copied to fp32, torch's fused AdamW on fp32 masters, masters copied back t
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
-import os
-import subprocess
 
 import torch
 import triton
 
+import _rows  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 import fusewise
 from fusewise import hardware
 
@@ -93,7 +91,7 @@ def main(argv=None):
     ap.add_argument("--mixes", default="uniform,llama")
     a = ap.parse_args(argv)
     gpu = torch.cuda.get_device_name()
-    commit = os.environ.get("FUSEWISE_COMMIT") or _git_commit()
+    commit = _rows.commit()
     date = datetime.date.today().isoformat()
     ceiling = hardware.measure_bandwidth(torch.device("cuda"))
     print(f"# {gpu}; torch {torch.__version__}; triton {triton.__version__}; commit {commit}")
@@ -116,19 +114,7 @@ def main(argv=None):
                 print(f"adamw {mix:8s} {layout:12s} {prov:14s} {n / 1e9:.3f}e9 params "
                       f"{ms:8.3f} ms {gbps:7.0f} GB/s {pct:5.1f}%", flush=True)  # fmt: skip
     if a.csv:
-        new = not os.path.exists(a.csv)
-        with open(a.csv, "a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            if new:
-                w.writeheader()
-            w.writerows(rows)
-
-
-def _git_commit():
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        _rows.append_csv(a.csv, rows)
 
 
 if __name__ == "__main__":

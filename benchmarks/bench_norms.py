@@ -14,16 +14,14 @@ times the 60 MB L2 of an H200), so the widths compare at equal traffic.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
-import os
-import subprocess
 import sys
 
 import torch
 import torch.nn.functional as F
 import triton
 
+import _rows  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 import fusewise
 from fusewise import cost, hardware
 from fusewise.ops import reference
@@ -131,7 +129,7 @@ def main(argv=None):
     gpu = torch.cuda.get_device_name()
     import triton as _t
 
-    commit = os.environ.get("FUSEWISE_COMMIT") or _git_commit()
+    commit = _rows.commit()
     date = datetime.date.today().isoformat()
     copy_gbps = hardware.measure_bandwidth(device)
     print(f"# {gpu}; torch {torch.__version__}; triton {_t.__version__}; commit {commit}; {date}")
@@ -172,12 +170,7 @@ def main(argv=None):
                               flush=True)  # fmt: skip
                     torch.cuda.empty_cache()
     if a.csv:
-        new = not os.path.exists(a.csv)
-        with open(a.csv, "a", newline="") as f:
-            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-            if new:
-                wr.writeheader()
-            wr.writerows(rows)
+        _rows.append_csv(a.csv, rows)
     _summary(rows)
 
 
@@ -198,13 +191,6 @@ def _summary(rows):
         print(f"{k[0]:13s} {k[1]:7s} {k[2]:4s} {k[3]:>15s}  fusewise {fw['pct_of_ceiling']:5.1f}%  "
               f"best peer {best['provider']:8s} {best['pct_of_ceiling']:5.1f}%  "
               f"x{best['ms'] / fw['ms']:.2f}")  # fmt: skip
-
-
-def _git_commit():
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 if __name__ == "__main__":
