@@ -251,3 +251,14 @@ def test_parameter_past_2_31_elements():
     p_tail.grad = g_tail
     ref.step()
     assert rel(p.detach()[tail], p_tail) < 1e-6
+
+
+def test_param_group_forms_like_torch(device):
+    a = torch.randn(5, device=device, requires_grad=True)
+    b = torch.randn(6, device=device, requires_grad=True)
+    opt = fusewise.optim.AdamW((a,), lr=1e-2)  # a tuple, as torch accepts
+    opt.add_param_group({"params": b, "lr": 5e-3})  # a lone tensor, as torch accepts
+    assert [len(g["params"]) for g in opt.param_groups] == [1, 1]
+    c = torch.randn(2, dtype=torch.complex64, device=device, requires_grad=True)
+    with pytest.raises(TypeError, match="complex"):
+        opt.add_param_group({"params": (x for x in [c])})  # checked whatever the container

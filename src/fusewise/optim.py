@@ -51,9 +51,14 @@ class AdamW(torch.optim.Optimizer):
             group["decoupled_weight_decay"] = True
 
     def add_param_group(self, param_group):
-        for p in param_group["params"] if isinstance(param_group["params"], list) else []:
+        params = param_group["params"]
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        elif not isinstance(params, set):  # torch itself refuses sets (unordered)
+            params = list(params)
+        for p in params:
             _check_param(p)
-        super().add_param_group(param_group)
+        super().add_param_group({**param_group, "params": params})
         self._buckets = {}
 
     # --- state ----------------------------------------------------------------------------------
