@@ -40,6 +40,7 @@ class Value:
     dtype: str
     nbytes: int
     obj: int = -1  # vid of the tensor object's first value: in-place writes share it
+    device: str = "cpu"  # device type: "cuda", "cpu", "meta"
 
     def __post_init__(self):
         if self.obj < 0:
@@ -86,7 +87,8 @@ class OpGraph:
     @classmethod
     def from_json(cls, text: str) -> OpGraph:
         d = json.loads(text)
-        values = {v["vid"]: Value(v["vid"], tuple(v["shape"]), v["dtype"], v["nbytes"], v["obj"])
+        values = {v["vid"]: Value(v["vid"], tuple(v["shape"]), v["dtype"], v["nbytes"], v["obj"],
+                                  v.get("device", "cpu"))
                   for v in d["values"]}  # fmt: skip
         return cls([OpRecord(**o) for o in d["ops"]], values)
 
@@ -167,7 +169,8 @@ class Recorder:
             self._vid[t] = self._next
             self.graph.values[self._next] = Value(self._next, tuple(t.shape),
                                                   str(t.dtype).replace("torch.", ""),
-                                                  t.numel() * t.element_size(), obj)  # fmt: skip
+                                                  t.numel() * t.element_size(), obj,
+                                                  t.device.type)  # fmt: skip
             self._next += 1
         return self._vid[t]
 

@@ -21,6 +21,7 @@ from ..report import Report
 from .breakdown import top_ops
 from .chains import find_chains
 from .quadratic import find_quadratic
+from .syncs import find_syncs
 
 
 def _sync(cuda: bool) -> None:
@@ -84,13 +85,14 @@ def build_report(graph, op_ms: dict[str, float], times_ms: list[float], peak, ce
     script runner, which observes steps differently)."""
     median_ms = statistics.median(times_ms)
     steps = len(times_ms)
-    findings = sorted(find_chains(graph, ceil) + find_quadratic(graph),
+    findings = sorted(find_chains(graph, ceil) + find_quadratic(graph) + find_syncs(graph),
                       key=lambda f: -f.est_saving_ms)  # fmt: skip
     skipped = [
         {"analysis": "memory-scaling", "reason": "needs the step at two sizes; not implemented "
          "yet (planned: fusewise diagnose SCRIPT --sizes NAME=V1,V2)"},
-        {"analysis": "gaps, host-sync, data-loading, attention-fallback",
-         "reason": "not implemented in this version of fusewise"},
+        {"analysis": "gaps (idle time, launch overhead), data-loading, attention-fallback",
+         "reason": "not implemented in this version of fusewise; host syncs are found from the "
+         "op graph, but the idle time they cost needs the timeline"},
     ]  # fmt: skip
     return Report(
         device={"name": ceil.device_name, "type": ceil.device_type,
