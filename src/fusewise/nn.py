@@ -42,3 +42,17 @@ class RMSNorm(torch.nn.RMSNorm):
         w = self.weight.reshape(n) if self.weight is not None else None
         y = ops.rms_norm(x.reshape(*x.shape[: x.dim() - len(shape)], n), w, eps)
         return y.view(x.shape)
+
+
+class LinearCrossEntropyLoss(torch.nn.Module):
+    """Module form of fusewise.ops.linear_cross_entropy: forward(hidden, weight, target, bias=None)."""
+
+    def __init__(self, *, ignore_index: int = -100, reduction: str = "mean",
+                 label_smoothing: float = 0.0, z_loss: float = 0.0,
+                 softcap: float | None = None):  # fmt: skip
+        super().__init__()
+        self.kw = dict(ignore_index=ignore_index, reduction=reduction,
+                       label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap)  # fmt: skip
+
+    def forward(self, hidden, weight, target, bias=None):
+        return ops.linear_cross_entropy(hidden, weight, target, bias, **self.kw)

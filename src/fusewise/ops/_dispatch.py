@@ -65,6 +65,12 @@ def choose_path(op: str, *tensors: torch.Tensor | None) -> str:
     return path
 
 
+def record_path(op: str, path: str) -> None:
+    """For ops with a single implementation (no Triton/reference choice to make)."""
+    _last_path[op] = path
+
+
 def paths() -> dict[str, str]:
-    """The path each op took on its last call: 'triton', 'triton-interpreter' or 'reference'."""
+    """The path each op took on its last call: 'triton', 'triton-interpreter' or 'reference'
+    (or an op's single path, e.g. linear_cross_entropy's 'chunked-torch')."""
     return dict(_last_path)

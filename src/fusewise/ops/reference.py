@@ -130,3 +130,32 @@ def adamw_update(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tenso
     if master is not None:
         master.copy_(w)
     param.copy_(w)
+
+
+# --- linear + cross-entropy ----------------------------------------------------------------------
+
+
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None,
+                         *, ignore_index: int = -100, reduction: str = "mean",
+                         label_smoothing: float = 0.0, z_loss: float = 0.0,
+                         softcap: float | None = None) -> Tensor:  # fmt: skip
+    """The full logits, then F.cross_entropy in fp32 (float64 stays float64), plus z_loss·lse²
+    averaged like the loss; "mean" over no valid token is 0 (fusewise's choice; torch: nan)."""
+    z = hidden @ weight.T
+    if bias is not None:
+        z = z + bias
+    acc = torch.promote_types(z.dtype, torch.float32)
+    z = z.to(acc)
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
+    z2, t = z.reshape(-1, z.shape[-1]), target.reshape(-1)
+    loss = torch.nn.functional.cross_entropy(z2, t, ignore_index=ignore_index, reduction="none",
+                                             label_smoothing=label_smoothing)  # fmt: skip
+    valid = t != ignore_index
+    if z_loss:
+        loss = loss + z_loss * torch.where(valid, torch.logsumexp(z2, -1) ** 2, 0.0)
+    if reduction == "none":
+        return loss.view(target.shape)
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / valid.sum().clamp(min=1)
