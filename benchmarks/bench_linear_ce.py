@@ -71,9 +71,7 @@ def bench(fn, n):
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
     ms = triton.testing.do_bench(run, warmup=50, rep=500, return_mode="median")
-    del h, w, t
-    torch.cuda.empty_cache()
-    return ms, peak
+    return ms, peak  # the tensors go with this frame; the caller empties the cache
 
 
 def main(argv=None):
@@ -89,6 +87,7 @@ def main(argv=None):
         for name, fn in providers().items():
             try:
                 ms, peak = bench(fn, n)
+                torch.cuda.empty_cache()
             except Exception as e:  # a peer that cannot run a shape is reported, not fatal
                 print(f"# {name} N={n}: failed ({type(e).__name__}: {str(e)[:100]})")
                 continue
