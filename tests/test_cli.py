@@ -89,3 +89,44 @@ def test_bad_arguments(argv, tmp_path, capsys):
     script = write(tmp_path, "x.py", "pass\n")
     argv = [a if a != "x.py" else script for a in argv]
     assert main(argv) == 2
+
+
+ATTN = """
+import argparse, torch, fusewise
+ap = argparse.ArgumentParser(); ap.add_argument("--seq", type=int); ap.add_argument("--sdpa", action="store_true")
+a = ap.parse_args()
+q = torch.randn(2, 4, a.seq, 32, requires_grad=True)
+k, v = torch.randn(2, 4, a.seq, 32), torch.randn(2, 4, a.seq, 32)
+for i in range(20):
+    if a.sdpa:
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    else:
+        y = torch.softmax(q @ k.transpose(-2, -1) / 5.6, -1) @ v  # the [S, S] scores
+    y.sum().backward()
+    fusewise.step()
+"""
+
+
+@pytest.mark.parametrize("sdpa", [False, True])
+def test_sizes_fits_the_memory_exponent(sdpa, tmp_path):
+    script = write(tmp_path, "attn.py", ATTN)
+    out = tmp_path / "r.json"
+    args = ["diagnose", script, "--steps", "1", "--warmup", "0", "--sizes", "seq=256,512",
+            "--json", str(out)] + (["--", "--sdpa"] if sdpa else [])  # fmt: skip
+    assert main(args) == 0
+    d = json.loads(out.read_text())
+    scaling = [f for f in d["findings"] if f["title"].startswith("peak memory grows")]
+    assert not any(s["analysis"] == "memory-scaling" for s in d["skipped"])
+    if sdpa:
+        assert scaling == []  # linear: nothing to report
+    else:
+        (f,) = scaling
+        assert f["kind"] == "quadratic-memory" and f["evidence"]["exponent"] >= 1.9
+        path, line = f["where"].rsplit(":", 1)
+        assert path.endswith("attn.py") and "q @ k.transpose" in ATTN.splitlines()[int(line) - 1]
+
+
+def test_sizes_must_be_two_numbers(tmp_path, capsys):
+    script = write(tmp_path, "attn.py", ATTN)
+    assert main(["diagnose", script, "--sizes", "seq=256"]) == 2
+    assert "--sizes wants NAME=V1,V2" in capsys.readouterr().out

@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     dg.add_argument("--warmup", type=int, default=2, help="steps run first, untouched")
     dg.add_argument("--json", default=None, help="write the report as JSON here")
     dg.add_argument("--html", default=None, help="write a self-contained HTML report here")
+    dg.add_argument("--sizes", default=None, metavar="NAME=V1,V2",
+                    help="run the script twice, with --NAME V1 and --NAME V2 appended, and fit "
+                         "how peak memory scales (e.g. seq_len=512,1024)")  # fmt: skip
     demo = sub.add_parser("demo", help="diagnose a built-in GPT step, fix it, diagnose again")
     demo.add_argument(
         "what",
@@ -98,21 +101,54 @@ def _diagnose_script(console: Console, args) -> int:
     if not os.path.isfile(args.script):
         console.print(f"[red]no such script: {args.script}[/]")
         return 2
-    obs = StepObserver(args.steps, args.warmup)
-    obs.run(args.script, args.script_args)
-    need = args.warmup + 2 * args.steps + 1
-    if not obs.complete:
-        console.print(f"[red]{args.script} ended after {obs.ends} step(s); the diagnosis needs "
-                      f"{need} (--warmup {args.warmup} + 2 x --steps {args.steps} + 1). A step "
-                      "ends at each optimizer.step() or fusewise.step(); lower --steps/--warmup "
-                      "or run the script longer.[/]")  # fmt: skip
-        return 1
+    sizes = _parse_sizes(args.sizes) if args.sizes else None
+    if args.sizes and sizes is None:
+        console.print(f"[red]--sizes wants NAME=V1,V2 with two different numbers, got "
+                      f"{args.sizes!r}[/]")  # fmt: skip
+        return 2
+    runs = []
+    for extra in [[f"--{sizes[0]}", _num(v)] for v in sizes[1:]] if sizes else [[]]:
+        obs = StepObserver(args.steps, args.warmup)
+        obs.run(args.script, args.script_args + extra)
+        need = args.warmup + 2 * args.steps + 1
+        if not obs.complete:
+            console.print(f"[red]{args.script} ended after {obs.ends} step(s); the diagnosis "
+                          f"needs {need} (--warmup {args.warmup} + 2 x --steps {args.steps} + 1)."
+                          " A step ends at each optimizer.step() or fusewise.step(); lower "
+                          "--steps/--warmup or run the script longer.[/]")  # fmt: skip
+            return 1
+        runs.append(obs)
+    obs = runs[-1]
+    extra_findings = []
+    if sizes:
+        from .diagnose.scaling import find_scaling
+
+        measured = (runs[0].peak, runs[1].peak) if obs.cuda else None
+        extra_findings = find_scaling(runs[0].recorder.graph, sizes[1], obs.recorder.graph,
+                                      sizes[2], name=sizes[0], measured=measured)  # fmt: skip
     ceil = hardware.ceilings("cuda" if obs.cuda else "cpu")
     report = build_report(obs.recorder.graph, op_times(obs.prof, args.steps, obs.cuda),
-                          obs.times_ms, obs.peak, ceil, obs.captured_ms)  # fmt: skip
+                          obs.times_ms, obs.peak, ceil, obs.captured_ms,
+                          extra_findings=extra_findings, scaling_ran=bool(sizes))  # fmt: skip
     report.render(console)
     if args.json:
         report.save_json(args.json)
     if args.html:
         report.save_html(args.html)
     return 0
+
+
+def _parse_sizes(text: str):
+    """'seq_len=512,1024' -> ('seq_len', 512.0, 1024.0), or None if malformed."""
+    name, _, values = text.partition("=")
+    try:
+        a, b = (float(v) for v in values.split(","))
+    except ValueError:
+        return None
+    if not name or a <= 0 or b <= 0 or a == b:
+        return None
+    return name, a, b
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if v == int(v) else str(v)

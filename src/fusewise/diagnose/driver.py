@@ -80,20 +80,22 @@ def op_times(prof, steps: int, cuda: bool) -> dict[str, float]:
 
 
 def build_report(graph, op_ms: dict[str, float], times_ms: list[float], peak, ceil,
-                 captured_ms: float, *, top: int = 10) -> Report:  # fmt: skip
+                 captured_ms: float, *, top: int = 10, extra_findings=(),
+                 scaling_ran: bool = False) -> Report:  # fmt: skip
     """Run the analyzers on what was observed and assemble the Report (also used by the CLI's
-    script runner, which observes steps differently)."""
+    script runner, which observes steps differently and may add the memory-scaling findings)."""
     median_ms = statistics.median(times_ms)
     steps = len(times_ms)
-    findings = sorted(find_chains(graph, ceil) + find_quadratic(graph) + find_syncs(graph),
-                      key=lambda f: -f.est_saving_ms)  # fmt: skip
-    skipped = [
-        {"analysis": "memory-scaling", "reason": "needs the step at two sizes; not implemented "
-         "yet (planned: fusewise diagnose SCRIPT --sizes NAME=V1,V2)"},
+    findings = sorted(find_chains(graph, ceil) + find_quadratic(graph) + find_syncs(graph)
+                      + list(extra_findings), key=lambda f: -f.est_saving_ms)  # fmt: skip
+    skipped = [] if scaling_ran else [
+        {"analysis": "memory-scaling", "reason": "needs the step at two sizes: "
+         "fusewise diagnose SCRIPT --sizes NAME=V1,V2"},
+    ]  # fmt: skip
+    skipped.append(
         {"analysis": "gaps (idle time, launch overhead), data-loading, attention-fallback",
          "reason": "not implemented in this version of fusewise; host syncs are found from the "
-         "op graph, but the idle time they cost needs the timeline"},
-    ]  # fmt: skip
+         "op graph, but the idle time they cost needs the timeline"})  # fmt: skip
     return Report(
         device={"name": ceil.device_name, "type": ceil.device_type,
                 "bandwidth_GBps": ceil.bandwidth_GBps, "matmul_TFLOPs": ceil.matmul_TFLOPs,

@@ -1,0 +1,97 @@
+"""Memory scaling: the step at two sizes (e.g. sequence lengths), the fitted exponent of its peak
+memory. ~1 is linear; ~2 means a quadratic intermediate (a lost fused-attention path).
+
+The peak comes from the op graph, so it needs no GPU: every storage the step allocates is live
+from the op that first writes it to the last op that reads it (views and in-place writes share
+their storage); the peak is the largest sum of live storages over the step. Inputs and
+parameters that exist before the step are left out (they do not grow with the sequence). On a
+GPU the allocator's measured peak is reported beside it. Stateless:
+(graph at size a, size a, graph at size b, size b[, measured peaks]) -> list[Finding].
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..capture.opgraph import OpGraph
+from .findings import Finding
+
+QUADRATIC_EXPONENT = 1.6  # between linear (1) and quadratic (2), with room for constant terms
+
+
+def live_peak(graph: OpGraph) -> tuple[int, int | None]:
+    """(peak bytes of storages made during the step, value id of the largest one live then)."""
+    base: dict[int, int] = {}
+    for op in graph.ops:
+        if op.is_view and op.inputs:
+            src = op.inputs[0]
+            while src in base:
+                src = base[src]
+            for v in op.outputs:
+                if v != src:
+                    base[v] = src
+
+    def storage(v: int) -> int:
+        while v in base:
+            v = base[v]
+        return graph.values[v].obj
+
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for op in graph.ops:
+        for v in op.outputs:
+            if op.is_view:
+                continue
+            s = storage(v)
+            first.setdefault(s, op.index)
+            last[s] = max(last.get(s, op.index), op.index)
+        for v in op.inputs:
+            s = storage(v)
+            if s in first:
+                last[s] = op.index
+    delta = [0] * (len(graph.ops) + 1)
+    for s, i in first.items():
+        delta[i] += graph.values[s].nbytes
+        delta[last[s] + 1] -= graph.values[s].nbytes
+    live, peak, at = 0, 0, 0
+    for i, d in enumerate(delta[:-1]):
+        live += d
+        if live > peak:
+            peak, at = live, i
+    alive = [s for s in first if first[s] <= at <= last[s]]
+    largest = max(alive, key=lambda s: graph.values[s].nbytes, default=None)
+    return peak, largest
+
+
+def exponent(mem_a: float, size_a: float, mem_b: float, size_b: float) -> float:
+    return math.log(mem_b / mem_a) / math.log(size_b / size_a)
+
+
+def find_scaling(graph_a: OpGraph, size_a: float, graph_b: OpGraph, size_b: float, *,
+                 name: str = "size", measured: tuple[float, float] | None = None) -> list[Finding]:  # fmt: skip
+    peak_a, _ = live_peak(graph_a)
+    peak_b, largest = live_peak(graph_b)
+    if peak_a <= 0 or peak_b <= 0 or size_a == size_b:
+        return []
+    k = exponent(peak_a, size_a, peak_b, size_b)
+    evidence = dict(sizes={name: [size_a, size_b]}, live_peak_bytes=[peak_a, peak_b],
+                    exponent=round(k, 3))  # fmt: skip
+    if measured:
+        evidence["measured_peak_bytes"] = list(measured)
+        evidence["measured_exponent"] = round(exponent(measured[0], size_a, measured[1], size_b), 3)
+    if k < QUADRATIC_EXPONENT:
+        return []
+    where = "?"
+    if largest is not None:
+        where = next((op.where for op in graph_b.ops if largest in op.outputs), "?")
+    v = graph_b.values[largest] if largest is not None else None
+    return [Finding(
+        kind="quadratic-memory", where=where, est_saving_ms=0.0,
+        bytes_avoidable=float(peak_b - peak_a * (size_b / size_a)),
+        title=f"peak memory grows as {name}^{k:.2f} ({peak_a / 1e6:,.1f} MB at {size_a:g}, "
+              f"{peak_b / 1e6:,.1f} MB at {size_b:g})"
+              + (f"; the largest live tensor is {list(v.shape)}" if v else ""),
+        fix="a fused attention path (scaled_dot_product_attention with a flash or "
+            "memory-efficient backend) keeps memory linear in the sequence length",
+        evidence=evidence,
+    )]  # fmt: skip
