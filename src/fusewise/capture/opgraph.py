@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -58,6 +59,7 @@ class OpRecord:
     bytes: float
     where: str  # path:line in the user's code ("?" when none was found)
     is_view: bool = False
+    ms: float = 0.0  # measured time of this op in the recorded step (device time on a GPU)
 
     @property
     def intensity(self) -> float:
@@ -145,8 +147,9 @@ class _Dispatch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        timer = self.rec._start_timer()
         out = func(*args, **kwargs)
-        self.rec._record(func, args, kwargs, out)
+        self.rec._record(func, args, kwargs, out, timer)
         return out
 
 
@@ -161,6 +164,8 @@ class Recorder:
         self._node_lines: dict = {}
         self._in_optimizer = 0
         self._hooks = []
+        self._cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self._events: list = []
 
     # value ids
     def _value(self, t: torch.Tensor, fresh: bool = False) -> int:
@@ -174,7 +179,16 @@ class Recorder:
             self._next += 1
         return self._vid[t]
 
-    def _record(self, func, args, kwargs, out) -> None:
+    def _start_timer(self):
+        """Per-op timing: CUDA events around the op on a GPU (device time, no sync; read at
+        __exit__), perf_counter on the CPU."""
+        if self._cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            return start
+        return time.perf_counter()
+
+    def _record(self, func, args, kwargs, out, timer=None) -> None:
         if func.namespace == "profiler":
             return  # record_function markers, not work
         schema = func._schema
@@ -208,6 +222,12 @@ class Recorder:
             where = user_line()
         self.graph.ops.append(OpRecord(len(self.graph.ops), str(func), phase, inputs, out_ids,
                                        c.flops, c.bytes, where, is_view))  # fmt: skip
+        if self._cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._events.append((len(self.graph.ops) - 1, timer, end))
+        elif timer is not None:
+            self.graph.ops[-1].ms = (time.perf_counter() - timer) * 1e3
 
     def __enter__(self):
         from torch.optim.optimizer import (register_optimizer_step_post_hook,
@@ -231,6 +251,11 @@ class Recorder:
     def __exit__(self, *exc):
         for m in reversed(self._modes):
             m.__exit__(*exc)
+        if self._events:
+            torch.cuda.synchronize()
+            for i, start, end in self._events:
+                self.graph.ops[i].ms = start.elapsed_time(end)
+            self._events.clear()
         for h in self._hooks:
             h.remove()
         self._node_lines.clear()  # the nodes keep autograd graphs alive

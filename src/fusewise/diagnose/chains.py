@@ -202,7 +202,8 @@ def find_chains(graph: OpGraph, ceilings) -> list[Finding]:
         )
         key = (_pattern(ops), where_op.where, ops[0].phase)
         m = merged.setdefault(key, dict(written=0.0, minimum=0.0, chains=0, ops=0,
-                                        largest=0, names=set()))  # fmt: skip
+                                        largest=0, names=set(), ms=0.0))  # fmt: skip
+        m["ms"] += sum(op.ms for op in ops)
         m["written"] += written
         m["minimum"] += minimum
         m["chains"] += 1
@@ -230,6 +231,10 @@ def find_chains(graph: OpGraph, ceilings) -> list[Finding]:
             fix=FIXES[pattern],
             evidence=dict(phase=phase, chains=m["chains"], ops=m["ops"], bytes_as_written=m["written"],
                           bytes_fused_minimum=m["minimum"], largest_intermediate_bytes=m["largest"],
-                          op_names=sorted(m["names"])),
+                          op_names=sorted(m["names"]),
+                          # the check on the prediction: what the unfused ops took in the recorded
+                          # step, and the fused kernel's floor at the measured bandwidth
+                          measured_ms_unfused=m["ms"],
+                          fused_floor_ms=m["minimum"] / (bandwidth_GBps * 1e9) * 1e3),
         ))  # fmt: skip
     return sorted(findings, key=lambda f: -f.est_saving_ms)

@@ -25,11 +25,13 @@ def render_text(r: dict, console) -> None:
     f.add_column("finding", no_wrap=True)
     f.add_column("where", no_wrap=True)
     f.add_column("saving ms", justify="right", no_wrap=True)
+    f.add_column("ops now ms", justify="right", no_wrap=True)  # measured, recorded step
     f.add_column("MB avoidable", justify="right", no_wrap=True)
     f.add_column("fix", overflow="fold")
     for x in r["findings"]:
         name = x["kind"] + (f" ({x['pattern']})" if x["pattern"] else "")
-        f.add_row(name, x["where"], f"{x['est_saving_ms']:.3f}",
+        now = x["evidence"].get("measured_ms_unfused")
+        f.add_row(name, x["where"], f"{x['est_saving_ms']:.3f}", "" if now is None else f"{now:.3f}",
                   f"{x['bytes_avoidable'] / 1e6:,.1f}", x["fix"])  # fmt: skip
     console.print(f if r["findings"] else "no findings")
     for sk in r["skipped"]:
