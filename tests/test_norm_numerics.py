@@ -54,6 +54,7 @@ def test_wide_path(op, dname, device, monkeypatch):
     monkeypatch.setattr(_norm_launch, "MAX_BLOCK_N", 256)
     monkeypatch.setattr(_norm_launch, "MAX_BLOCK_N_FWD", 256)
     monkeypatch.setattr(_norm_launch, "WIDE_CHUNK", 128)
+    monkeypatch.setattr(_norm_launch, "WIDE_CHUNK_FWD", 128)
     dtype = DTYPES[dname]
     check(op, make_inputs(op, (9, 1823), dtype, device), SLACK[dtype])
 

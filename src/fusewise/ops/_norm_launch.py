@@ -19,8 +19,12 @@ from . import _norm_kernels as K
 # with small shapes.
 MAX_BLOCK_N = 16384  # backward
 MAX_BLOCK_N_FWD = 32768  # forward holds only x: 89% of the copy ceiling at 32768 vs 75% chunked
-WIDE_CHUNK = 4096  # elements per chunk on the wide path
+WIDE_CHUNK = 4096  # elements per chunk on the wide path (backward)
 WIDE_WARPS = 16
+# Forward: 16384-element chunks. The sweep (benchmarks/sweep_norm_configs.py, H200, bf16, kernel
+# only) gave 74% / 63% of the copy ceiling at widths 65,536 / 262,144 against 63% / 60% for 4096;
+# chosen after the benchmark rows in benchmarks/results/ were taken, not re-benchmarked yet.
+WIDE_CHUNK_FWD = 16384
 # Block-path tiles and warps, from benchmarks/sweep_norm_configs.py on an H200 (bf16, 2**27
 # elements): forward 2048-element tiles at 16 elements a thread (at most 16 warps) reached 93-97%
 # of the copy ceiling at widths 256..16384; backward 4096-element tiles, 16 a thread, 2 programs
@@ -105,7 +109,7 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
     if use_wide_path(n):
         K.norm_fwd_wide_kernel[(m,)](
             x, r, weight, bias, y, h, mean, rstd, n, x.stride(0), stride_r, eps,
-            BLOCK_N=WIDE_CHUNK, num_warps=WIDE_WARPS, **flags,
+            BLOCK_N=WIDE_CHUNK_FWD, num_warps=WIDE_WARPS, **flags,
         )  # fmt: skip
     else:
         block_m, block_n, num_warps = block_config(n)
