@@ -147,7 +147,8 @@ class _Dispatch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        timer = self.rec._start_timer()
+        on_gpu = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+        timer = self.rec._start_timer(on_gpu)
         out = func(*args, **kwargs)
         self.rec._record(func, args, kwargs, out, timer)
         return out
@@ -164,7 +165,6 @@ class Recorder:
         self._node_lines: dict = {}
         self._in_optimizer = 0
         self._hooks = []
-        self._cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         self._events: list = []
 
     # value ids
@@ -179,10 +179,10 @@ class Recorder:
             self._next += 1
         return self._vid[t]
 
-    def _start_timer(self):
-        """Per-op timing: CUDA events around the op on a GPU (device time, no sync; read at
-        __exit__), perf_counter on the CPU."""
-        if self._cuda:
+    def _start_timer(self, on_gpu: bool):
+        """Per-op timing: CUDA events around an op on GPU tensors (device time, no sync; read at
+        __exit__), perf_counter for anything else."""
+        if on_gpu:
             start = torch.cuda.Event(enable_timing=True)
             start.record()
             return start
@@ -222,7 +222,7 @@ class Recorder:
             where = user_line()
         self.graph.ops.append(OpRecord(len(self.graph.ops), str(func), phase, inputs, out_ids,
                                        c.flops, c.bytes, where, is_view))  # fmt: skip
-        if self._cuda:
+        if isinstance(timer, torch.cuda.Event):
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self._events.append((len(self.graph.ops) - 1, timer, end))

@@ -26,7 +26,23 @@ from torch import Tensor
 
 from . import _dispatch
 
-_HAS_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")  # torch.mm(..., out_dtype=) on CUDA
+_mm_out_dtype_works = hasattr(torch.ops.aten.mm, "dtype")  # torch.mm(..., out_dtype=) on CUDA
+
+
+def _mm_fp32_out(acc: Tensor, a: Tensor, b: Tensor) -> bool:
+    """acc += a @ b as a low-precision GEMM writing fp32; False (caller falls back to fp32
+    operands) where this torch has no such GEMM. Not yet run on a GPU, hence the guard."""
+    global _mm_out_dtype_works
+    if not _mm_out_dtype_works:
+        return False
+    try:
+        acc.add_(torch.mm(a, b, out_dtype=torch.float32))
+        return True
+    except (RuntimeError, TypeError, NotImplementedError):
+        _mm_out_dtype_works = False
+        return False
+
+
 CHUNK_ELEMENTS = 1 << 26  # fp32 logits per chunk: 256 MiB (tokens per chunk = this // V)
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -97,9 +113,7 @@ def _backward(grad_tok, hidden, weight, target, bias, lse, ignore_index, label_s
         # dweight sums over the chunks in fp32. Rounding each chunk's product to bf16 first was
         # measured 1.4x eager's error (tests/test_linear_ce.py), so: on a GPU a bf16 GEMM that
         # writes fp32 (mm.dtype); elsewhere fp32 operands (slow on a GPU, fine on a CPU)
-        if g.is_cuda and g.dtype != torch.float32 and _HAS_MM_OUT_DTYPE:
-            dw.add_(torch.mm(g.T, h, out_dtype=torch.float32))
-        else:
+        if not (g.is_cuda and g.dtype != torch.float32 and _mm_fp32_out(dw, g.T, h)):
             dw.addmm_(p.T, h.float())
         if db is not None:
             db.add_(p.sum(0))
