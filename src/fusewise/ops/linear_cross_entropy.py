@@ -21,6 +21,8 @@ measured against the PERF.md target on a GPU, and a fused Triton epilogue is the
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
@@ -38,8 +40,11 @@ def _mm_fp32_out(acc: Tensor, a: Tensor, b: Tensor) -> bool:
     try:
         acc.add_(torch.mm(a, b, out_dtype=torch.float32))
         return True
-    except (RuntimeError, TypeError, NotImplementedError):
+    except (RuntimeError, TypeError, NotImplementedError) as e:
         _mm_out_dtype_works = False
+        warnings.warn(f"fusewise.ops.linear_cross_entropy: torch.mm(out_dtype=float32) failed "
+                      f"({type(e).__name__}: {str(e)[:80]}); the weight gradient now uses fp32 "
+                      f"operands, which is slower", stacklevel=2)  # fmt: skip
         return False
 
 
