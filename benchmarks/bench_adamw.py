@@ -15,7 +15,6 @@ grads copied to fp32, torch's fused AdamW on fp32 masters, masters copied back t
 from __future__ import annotations
 
 import argparse
-import datetime
 
 import torch
 import triton
@@ -92,7 +91,6 @@ def main(argv=None):
     a = ap.parse_args(argv)
     gpu = torch.cuda.get_device_name()
     commit = _rows.commit()
-    date = datetime.date.today().isoformat()
     ceiling = hardware.measure_bandwidth(torch.device("cuda"))
     print(f"# {gpu}; torch {torch.__version__}; triton {triton.__version__}; commit {commit}")
     print(f"# copy ceiling {ceiling:,.0f} GB/s (measured now); byte model 28 B/param")
@@ -105,12 +103,8 @@ def main(argv=None):
                 n, ms = bench(prov, layout, mix)
                 gbps = BYTES_PER_PARAM * n / ms / 1e6
                 pct = 100 * gbps / ceiling
-                rows.append(dict(
-                    op="adamw", provider=prov, mode="step", shape=f"{mix}:{n}", dtype=layout,
-                    ms=round(ms, 4), gbps_or_tflops=round(gbps, 1), pct_of_ceiling=round(pct, 1),
-                    peak_bytes="", gpu=gpu, torch=torch.__version__, triton=triton.__version__,
-                    commit=commit, date=date,
-                ))  # fmt: skip
+                rows.append(_rows.row("adamw", prov, "step", f"{mix}:{n}", layout, ms, gbps, pct,
+                                      commit_id=commit))  # fmt: skip
                 print(f"adamw {mix:8s} {layout:12s} {prov:14s} {n / 1e9:.3f}e9 params "
                       f"{ms:8.3f} ms {gbps:7.0f} GB/s {pct:5.1f}%", flush=True)  # fmt: skip
     if a.csv:

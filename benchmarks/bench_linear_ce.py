@@ -12,7 +12,6 @@ the weight took before it (gradients included, as PERF.md counts them).
 from __future__ import annotations
 
 import argparse
-import datetime
 
 import _rows  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 import torch
@@ -79,7 +78,7 @@ def main(argv=None):
     ap.add_argument("--tokens", default="8192,16384,32768")
     ap.add_argument("--csv", default=None)
     a = ap.parse_args(argv)
-    gpu, commit, date = torch.cuda.get_device_name(), _rows.commit(), datetime.date.today()
+    gpu, commit = torch.cuda.get_device_name(), _rows.commit()
     print(f"# {gpu}; torch {torch.__version__}; triton {triton.__version__}; commit {commit}")
     rows = []
     for n in map(int, a.tokens.split(",")):
@@ -92,12 +91,8 @@ def main(argv=None):
                 print(f"# {name} N={n}: failed ({type(e).__name__}: {str(e)[:100]})")
                 continue
             tflops = flops / ms / 1e9
-            rows.append(dict(
-                op="linear_cross_entropy", provider=name, mode="fwd_bwd", shape=f"{n}x{D}x{V}",
-                dtype="bf16", ms=round(ms, 3), gbps_or_tflops=round(tflops, 1),
-                pct_of_ceiling="", peak_bytes=peak, gpu=gpu, torch=torch.__version__,
-                triton=triton.__version__, commit=commit, date=date.isoformat(),
-            ))  # fmt: skip
+            rows.append(_rows.row("linear_cross_entropy", name, "fwd_bwd", f"{n}x{D}x{V}", "bf16",
+                                  ms, tflops, peak=peak, commit_id=commit))  # fmt: skip
             print(f"N={n:6d} {name:14s} {ms:8.2f} ms {tflops:6.0f} TFLOP/s "
                   f"peak extra {peak / 1e9:6.2f} GB", flush=True)  # fmt: skip
     if a.csv:

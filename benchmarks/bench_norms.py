@@ -158,13 +158,8 @@ def main(argv=None):
                                   f"{str(e).splitlines()[0][:120]})")  # fmt: skip
                             continue
                         gbps = c.bytes / ms / 1e6
-                        rows.append(dict(
-                            op=op, provider=prov, mode=mode, shape=f"{m}x{n}", dtype=dname,
-                            ms=round(ms, 5), gbps_or_tflops=round(gbps, 1),
-                            pct_of_ceiling=round(100 * gbps / copy_gbps, 1), peak_bytes=peak,
-                            gpu=gpu, torch=torch.__version__, triton=_t.__version__,
-                            commit=commit, date=date,
-                        ))  # fmt: skip
+                        rows.append(_rows.row(op, prov, mode, f"{m}x{n}", dname, ms, gbps,
+                                              100 * gbps / copy_gbps, peak, commit_id=commit))  # fmt: skip
                         print(f"{op:13s} {mode:7s} {dname:4s} {m:>7d}x{n:<7d} {prov:9s} "
                               f"{ms:8.4f} ms {gbps:8.0f} GB/s {100 * gbps / copy_gbps:5.1f}%",
                               flush=True)  # fmt: skip
