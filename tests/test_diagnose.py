@@ -198,3 +198,15 @@ def test_a_billion_parameter_step_records_on_meta_tensors():
         model(idx, idx).backward()
     found = {f.pattern for f in find_chains(rec.graph, H200)}
     assert {"attention", "norm", "cross-entropy"} <= found
+
+
+def test_a_failing_analyzer_is_reported_not_fatal(monkeypatch):
+    from fusewise.diagnose import driver
+
+    def broken(graph, ceil):
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(driver, "find_chains", broken)
+    r = driver.build_report(golden("naive"), {}, [1.0], None, H200, 2.0)
+    assert {"analysis": "fusion-chains", "reason": "failed: ZeroDivisionError: boom"} in r.skipped
+    assert any(f.kind == "quadratic-memory" for f in r.findings)  # the others still ran

@@ -86,12 +86,19 @@ def build_report(graph, op_ms: dict[str, float], times_ms: list[float], peak, ce
     script runner, which observes steps differently and may add the memory-scaling findings)."""
     median_ms = statistics.median(times_ms)
     steps = len(times_ms)
-    findings = sorted(find_chains(graph, ceil) + find_quadratic(graph) + find_syncs(graph)
-                      + list(extra_findings), key=lambda f: -f.est_saving_ms)  # fmt: skip
     skipped = [] if scaling_ran else [
         {"analysis": "memory-scaling", "reason": "needs the step at two sizes: "
          "fusewise diagnose SCRIPT --sizes NAME=V1,V2"},
     ]  # fmt: skip
+    findings = list(extra_findings)
+    for name, analyzer in (("fusion-chains", lambda: find_chains(graph, ceil)),
+                           ("quadratic-intermediates", lambda: find_quadratic(graph)),
+                           ("host-syncs", lambda: find_syncs(graph))):  # fmt: skip
+        try:
+            findings += analyzer()
+        except Exception as e:  # one analyzer's bug must not cost the user the whole report
+            skipped.append({"analysis": name, "reason": f"failed: {type(e).__name__}: {e}"})
+    findings.sort(key=lambda f: -f.est_saving_ms)
     skipped.append(
         {"analysis": "gaps (idle time, launch overhead), data-loading, attention-fallback",
          "reason": "not implemented in this version of fusewise; host syncs are found from the "
