@@ -130,3 +130,19 @@ def test_sizes_must_be_two_numbers(tmp_path, capsys):
     script = write(tmp_path, "attn.py", ATTN)
     assert main(["diagnose", script, "--sizes", "seq=256"]) == 2
     assert "--sizes wants NAME=V1,V2" in capsys.readouterr().out
+
+
+def test_demo_runs_and_shows_before_and_after(capsys, monkeypatch, tmp_path):
+    """`make demo`'s command, on whatever device is present (small sizes on the CPU)."""
+    monkeypatch.setenv("FUSEWISE_CACHE_DIR", str(tmp_path))
+    assert main(["demo", "--steps", "2", "--warmup", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "naive step" in out and "what changed" in out
+    assert "fusion-chain (norm)" in out and "fusion-chain (optimizer)" in out
+
+
+def test_demo_norms_checks_the_kernels(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("FUSEWISE_CACHE_DIR", str(tmp_path))
+    assert main(["demo", "norms"]) == 0
+    out = capsys.readouterr().out
+    assert "LayerNorm" in out and "add + RMSNorm" in out and "error vs float64" in out

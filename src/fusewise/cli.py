@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the script twice, with --NAME V1 and --NAME V2 appended, and fit "
                          "how peak memory scales (e.g. seq_len=512,1024)")  # fmt: skip
     demo = sub.add_parser("demo", help="diagnose a built-in GPT step, fix it, diagnose again")
+    demo.add_argument("--steps", type=int, default=7, help="steps timed and profiled per variant")
+    demo.add_argument("--warmup", type=int, default=2)
     demo.add_argument(
         "what",
         nargs="?",
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return demo_norms.run(console)
     from . import demo
 
-    return demo.run(console)
+    return demo.run(console, steps=args.steps, warmup=args.warmup)
 
 
 def _env(console: Console, device: str | None, refresh: bool) -> int:
