@@ -114,3 +114,9 @@ def test_no_weight_no_bias(device):
         xd = x.detach().double().requires_grad_()
         (dxd,) = torch.autograd.grad(ref(xd), xd, g.double())
         assert rel_err(dx, dxd) < 1e-5
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "add_rms_norm"])
+def test_widest_rows_in_the_issue(op, device):
+    """262,144 elements a row (the widest width the benchmarks run), forward and backward."""
+    check(op, make_inputs(op, (2, 262144), torch.float32, device), SLACK[torch.float32])
