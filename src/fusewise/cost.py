@@ -31,10 +31,6 @@ def itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def tensor_bytes(shape, dtype: torch.dtype) -> int:
-    return math.prod(shape) * itemsize(dtype)
-
-
 def matmul(
     m: int, n: int, k: int, dtype: torch.dtype, out_dtype: torch.dtype | None = None
 ) -> Cost:

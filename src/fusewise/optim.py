@@ -187,4 +187,6 @@ def _check_param(p: torch.Tensor) -> None:
                            "use torch.optim.SparseAdam for those parameters")  # fmt: skip
     if p.grad is not None and (not p.is_contiguous() or not p.grad.is_contiguous()):
         raise ValueError("fusewise.optim.AdamW needs contiguous parameters and gradients "
-                         f"(got a parameter of shape {tuple(p.shape)} with strides {p.stride()})")  # fmt: skip
+                         f"(got a parameter of shape {tuple(p.shape)} with strides {p.stride()}"
+                         f" and a gradient with strides {p.grad.stride()}); make it contiguous "
+                         "(param.data = param.data.contiguous()) or give it to torch.optim.AdamW")  # fmt: skip

@@ -71,16 +71,18 @@ class OpGraph:
     ops: list[OpRecord] = field(default_factory=list)
     values: dict[int, Value] = field(default_factory=dict)
 
-    def producer(self) -> dict[int, int]:
-        """value id -> index of the op that wrote it."""
-        return {v: op.index for op in self.ops for v in op.outputs}
-
-    def consumers(self) -> dict[int, list[int]]:
-        out: dict[int, list[int]] = {}
+    def view_bases(self) -> dict[int, int]:
+        """value id of each view -> the value it is a view of, resolved to the base (a view of a
+        view maps to the first). A value that is its own view (lift_fresh, alias returning its
+        input) is not entered: resolving it must not loop."""
+        base: dict[int, int] = {}
         for op in self.ops:
-            for v in op.inputs:
-                out.setdefault(v, []).append(op.index)
-        return out
+            if op.is_view and op.inputs:
+                src = base.get(op.inputs[0], op.inputs[0])
+                for v in op.outputs:
+                    if v != src:
+                        base[v] = src
+        return base
 
     def to_json(self) -> str:
         return json.dumps({"ops": [asdict(o) for o in self.ops],

@@ -52,13 +52,7 @@ class _Graph:
 
     def __init__(self, g: OpGraph):
         self.g = g
-        self.base: dict[int, int] = {}
-        for op in g.ops:
-            if op.is_view and op.inputs:
-                src = self.resolve(op.inputs[0])
-                for v in op.outputs:
-                    if v != src:  # lift_fresh, alias of itself: the same value, not a view of it
-                        self.base[v] = src
+        self.base = g.view_bases()
         # the last value of each tensor object: state updated in place (optimizer moments,
         # parameters) persists after the step, so its last write is an output of any chain
         self.last_of_obj: dict[int, int] = {}
@@ -75,9 +69,7 @@ class _Graph:
                 self.consumers[self.resolve(v)].add(op.index)
 
     def resolve(self, v: int) -> int:
-        while v in self.base:
-            v = self.base[v]
-        return v
+        return self.base.get(v, v)
 
     def nbytes(self, v: int) -> int:
         return self.g.values[v].nbytes

@@ -21,20 +21,10 @@ QUADRATIC_EXPONENT = 1.6  # between linear (1) and quadratic (2), with room for 
 
 def live_peak(graph: OpGraph) -> tuple[int, int | None]:
     """(peak bytes of storages made during the step, value id of the largest one live then)."""
-    base: dict[int, int] = {}
-    for op in graph.ops:
-        if op.is_view and op.inputs:
-            src = op.inputs[0]
-            while src in base:
-                src = base[src]
-            for v in op.outputs:
-                if v != src:
-                    base[v] = src
+    base = graph.view_bases()
 
     def storage(v: int) -> int:
-        while v in base:
-            v = base[v]
-        return graph.values[v].obj
+        return graph.values[base.get(v, v)].obj
 
     first: dict[int, int] = {}
     last: dict[int, int] = {}
