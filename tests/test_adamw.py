@@ -200,7 +200,7 @@ def test_errors_name_the_problem(device):
     with pytest.raises(RuntimeError, match="sparse gradients"):
         opt.step()
     t = torch.randn(4, 6, device=device).t().requires_grad_()  # a non-contiguous leaf
-    t.grad = torch.randn(6, 4, device=device).t()
+    t.grad = torch.randn(4, 6, device=device).t()
     with pytest.raises(ValueError, match="make it contiguous"):
         fusewise.optim.AdamW([t]).step()
     with pytest.raises(ValueError, match="Invalid learning rate"):
