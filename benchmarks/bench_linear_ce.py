@@ -1,10 +1,12 @@
-"""Linear + cross-entropy, forward + backward: fusewise against eager (fp32 and bf16 CE),
-torch.compile, Liger's fused linear CE and Apple's CCE, at hidden [N, 4096], weight
-[128256, 4096], bf16, N in 8192, 16384 (PERF.md's shape), 32768.
+"""Linear + cross-entropy, forward + backward: fusewise (default and lean=True, at several chunk
+sizes) against three bare cuBLAS matmuls of the same shapes (the floor PERF.md measures against),
+eager (fp32 and bf16 CE), torch.compile, Liger's fused linear CE and Apple's CCE, at hidden
+[N, 4096], weight [128256, 4096], bf16, N in 8192, 16384 (PERF.md's shape), 32768.
 
 Reported: ms (median of do_bench), TFLOP/s against 6·N·d·V (three matmuls: logits, dhidden,
 dweight), and peak extra memory: the most allocated during the step above what the inputs and
-the weight took before it (gradients included, as PERF.md counts them).
+the weight took before it (gradients included, as PERF.md counts them). Then, at a smaller shape
+with a float64 reference, the relative error of the loss and both gradients per provider.
 
     python benchmarks/bench_linear_ce.py --csv out.csv
 """
@@ -12,6 +14,7 @@ the weight took before it (gradients included, as PERF.md counts them).
 from __future__ import annotations
 
 import argparse
+import importlib
 
 import _rows  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 import torch
@@ -19,19 +22,36 @@ import torch.nn.functional as F
 import triton
 
 import fusewise
+from fusewise.ops import reference
 
+lce = importlib.import_module("fusewise.ops.linear_cross_entropy")
 V, D = 128256, 4096
 
 
-def providers():
+def _fusewise(chunk_mib=None, **kw):
+    def fn(h, w, t):
+        old = lce.CHUNK_BYTES
+        lce.CHUNK_BYTES = (chunk_mib << 20) if chunk_mib else old
+        try:
+            return fusewise.ops.linear_cross_entropy(h, w, t, **kw)
+        finally:
+            lce.CHUNK_BYTES = old
+
+    return fn
+
+
+def providers(chunks_mib):
     def eager(dtype):
         def fn(h, w, t):
             return F.cross_entropy((h @ w.T).to(dtype), t)
 
         return fn
 
-    table = {
-        "fusewise": lambda h, w, t: fusewise.ops.linear_cross_entropy(h, w, t),
+    table = {"fusewise": _fusewise(), "fusewise-lean": _fusewise(lean=True)}
+    for mib in chunks_mib:
+        table[f"fusewise-chunk{mib}M"] = _fusewise(mib)
+        table[f"fusewise-lean-chunk{mib}M"] = _fusewise(mib, lean=True)
+    table |= {
         "eager-fp32-ce": eager(torch.float32),
         "eager-bf16-ce": eager(torch.bfloat16),
         "compile": torch.compile(eager(torch.float32)),
@@ -53,15 +73,28 @@ def providers():
     return table
 
 
+def make_inputs(n, d, v, seed=0, ignore_every=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    h = (torch.randn(n, d, device="cuda", generator=g) / 4).bfloat16().requires_grad_()
+    w = (torch.randn(v, d, device="cuda", generator=g) / d**0.5).bfloat16().requires_grad_()
+    t = torch.randint(0, v, (n,), device="cuda", generator=g)
+    if ignore_every:
+        t[::ignore_every] = -100
+    return h, w, t
+
+
+def three_matmuls(h, w, t):
+    """The floor: logits, dhidden and dweight as bare cuBLAS GEMMs (no loss at all)."""
+    z = h.detach() @ w.detach().T
+    return z @ w.detach(), z.T @ h.detach()
+
+
 def bench(fn, n):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    h = (torch.randn(n, D, device="cuda", generator=g) / 4).bfloat16().requires_grad_()
-    w = (torch.randn(V, D, device="cuda", generator=g) / D**0.5).bfloat16().requires_grad_()
-    t = torch.randint(0, V, (n,), device="cuda", generator=g)
-
-    def run():
-        torch.autograd.grad(fn(h, w, t), [h, w])
-
+    h, w, t = make_inputs(n, D, V)
+    if fn is three_matmuls:
+        run = lambda: fn(h, w, t)  # noqa: E731
+    else:
+        run = lambda: torch.autograd.grad(fn(h, w, t), [h, w])  # noqa: E731
     run()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -69,32 +102,68 @@ def bench(fn, n):
     run()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
-    ms = triton.testing.do_bench(run, warmup=50, rep=500, return_mode="median")
+    ms = triton.testing.do_bench(run, warmup=100, rep=1500, return_mode="median")
     return ms, peak  # the tensors go with this frame; the caller empties the cache
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def precision(table, n=4096, d=2048, v=32768):
+    """Relative error against float64 (loss, dhidden, dweight), grad_output = 1, 1 in 7 tokens
+    ignored. Returns {provider: (loss, dh, dw)}."""
+    h, w, t = make_inputs(n, d, v, seed=1, ignore_every=7)
+    hd, wd = (x.detach().double().requires_grad_() for x in (h, w))
+    ref = reference.linear_cross_entropy(hd, wd, t)
+    ref_g = torch.autograd.grad(ref, [hd, wd])
+    out = {}
+    for name, fn in table.items():
+        if name.startswith("compile") or "chunk" in name:
+            continue
+        try:
+            loss = fn(h, w, t)
+            grads = torch.autograd.grad(loss, [h, w])
+        except Exception as e:
+            print(f"# precision {name}: failed ({type(e).__name__}: {str(e)[:100]})")
+            continue
+        out[name] = (rel(loss, ref), rel(grads[0], ref_g[0]), rel(grads[1], ref_g[1]))
+    return out
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--tokens", default="8192,16384,32768")
+    ap.add_argument("--chunks-mib", default="128,512", help="extra fusewise chunk sizes, at 16384")
     ap.add_argument("--csv", default=None)
     a = ap.parse_args(argv)
     gpu, commit = torch.cuda.get_device_name(), _rows.commit()
     print(f"# {gpu}; torch {torch.__version__}; triton {triton.__version__}; commit {commit}")
+    chunks = [int(c) for c in a.chunks_mib.split(",") if c]
     rows = []
     for n in map(int, a.tokens.split(",")):
         flops = 6.0 * n * D * V
-        for name, fn in providers().items():
+        table = {"cublas-3-matmuls": three_matmuls} | providers(chunks if n == 16384 else [])
+        for name, fn in table.items():
             try:
                 ms, peak = bench(fn, n)
                 torch.cuda.empty_cache()
             except Exception as e:  # a peer that cannot run a shape is reported, not fatal
                 print(f"# {name} N={n}: failed ({type(e).__name__}: {str(e)[:100]})")
+                torch.cuda.empty_cache()
                 continue
             tflops = flops / ms / 1e9
             rows.append(_rows.row("linear_cross_entropy", name, "fwd_bwd", f"{n}x{D}x{V}", "bf16",
                                   ms, tflops, peak=peak, commit_id=commit))  # fmt: skip
-            print(f"N={n:6d} {name:14s} {ms:8.2f} ms {tflops:6.0f} TFLOP/s "
+            print(f"N={n:6d} {name:26s} {ms:8.2f} ms {tflops:6.0f} TFLOP/s "
                   f"peak extra {peak / 1e9:6.2f} GB", flush=True)  # fmt: skip
+    print("# relative error vs float64 at N=4096, d=2048, V=32768 (loss, dhidden, dweight)")
+    for name, (el, eh, ew) in precision(providers([])).items():
+        print(f"{name:26s} loss {el:.2e}  dh {eh:.2e}  dw {ew:.2e}", flush=True)
+        rows.append(_rows.row("linear_cross_entropy", name, "rel_error_loss_dh_dw",
+                              "4096x2048x32768", "bf16", 0.0, 0.0,
+                              peak=f"{el:.3e};{eh:.3e};{ew:.3e}", commit_id=commit))  # fmt: skip
     if a.csv:
         _rows.append_csv(a.csv, rows)
 

@@ -27,7 +27,7 @@ OPTIONS = {
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(lce, "CHUNK_ELEMENTS", 2048)  # several chunks even at test sizes
+    monkeypatch.setattr(lce, "CHUNK_BYTES", 8192)  # several chunks even at test sizes
 
 
 def inputs(n, v, d, dtype, device, ignore="some", bias=True, lead=None):
@@ -125,18 +125,21 @@ def test_module_and_compile_fullgraph(device):
         torch.autograd.grad(compiled, [h, w, b]), torch.autograd.grad(eager, [h, w, b])
     ):
         assert rel(a, e) < 1e-5
-    assert fusewise.ops.paths()["linear_cross_entropy"] == "chunked-torch"
+    assert fusewise.ops.paths()["linear_cross_entropy"] == (
+        "triton" if device.type == "cuda" else "triton-interpreter"
+    )
 
 
 def test_opcheck(device):
     h, w, t, b = inputs(12, 40, 8, torch.float32, device)
-    torch.library.opcheck(
-        torch.ops.fusewise.linear_ce_fwd.default, (h, w, t, b, -100, 0.1, 1e-3, 3.0)
-    )
-    _, lse = torch.ops.fusewise.linear_ce_fwd(h, w, t, b, -100, 0.0, 0.0, None)
-    args = (torch.rand(12, device=device), h.detach(), w.detach(), t, b.detach(), lse.detach(),
-            -100, 0.0, 0.0, None)  # fmt: skip
-    torch.library.opcheck(torch.ops.fusewise.linear_ce_bwd.default, args)
+    ops = torch.ops.fusewise
+    torch.library.opcheck(ops.linear_ce_fwd.default, (h, w, t, b, -100, 0.1, 1e-3, 3.0, False))
+    args = (torch.rand(12, device=device), h.detach(), w.detach(), t, b.detach(), -100, 0.0, 0.0,
+            None, False)  # fmt: skip
+    torch.library.opcheck(ops.linear_ce_bwd.default, args)
+    for mean in (True, False):
+        torch.library.opcheck(ops.linear_ce_fused.default,
+                              (h, w, t, b, -100, mean, 0.1, 1e-3, 3.0, False))  # fmt: skip
 
 
 @pytest.mark.gpu
@@ -157,3 +160,77 @@ def test_peak_memory_grows_with_vocab_only_through_the_weight():
         extra[v] = torch.cuda.max_memory_allocated() - base - weight_terms
     logits_growth = 8192 * 32768 * 4  # what materialised fp32 logits would add
     assert extra[65536] - extra[32768] < 0.1 * logits_growth
+
+
+def test_lean_accumulates_in_the_weight_dtype(device):
+    """lean=True: loss and dhidden as exact as the default (grad_output 1, as loss.backward()
+    gives); dweight rounds once per chunk, so its error may reach ~sqrt(chunks + 1) times eager's
+    (a random walk of k roundings) but no further: an accumulation bug (a chunk lost or
+    overwritten) costs far more."""
+    h, w, t, b = inputs(45, 503, 32, torch.bfloat16, device)
+    k = len(lce._chunks(45, 503, 2))
+    assert k >= 4
+    out, grads = run(fusewise.ops.linear_cross_entropy, h, w, t, b, None, lean=True)
+    dbl = [x.detach().double().requires_grad_() for x in (h, w, b)]
+    ref, ref_g = run(reference.linear_cross_entropy, *dbl[:2], t, dbl[2], None)
+    eag_in = [x.detach().clone().requires_grad_() for x in (h, w, b)]
+    eag, eag_g = run(reference.linear_cross_entropy, *eag_in[:2], t, eag_in[2], None)
+    assert grads[1].dtype == torch.bfloat16
+    assert rel(out, ref) <= rel(eag, ref) + SLACK[torch.bfloat16]
+    assert rel(grads[0], ref_g[0]) <= rel(eag_g[0], ref_g[0]) + SLACK[torch.bfloat16]
+    assert rel(grads[1], ref_g[1]) <= (k + 1) ** 0.5 * rel(eag_g[1], ref_g[1])
+    assert rel(grads[2], ref_g[2]) <= rel(eag_g[2], ref_g[2]) + SLACK[torch.bfloat16]
+
+
+def test_float64_takes_the_reference_path_and_says_so(device):
+    h, w, t, b = inputs(20, 90, 8, torch.float64, device)
+    with pytest.warns(UserWarning, match="linear_cross_entropy: dtype torch.float64"):
+        check(h, w, t, b, torch.float32, label_smoothing=0.1, softcap=5.0)
+    assert fusewise.ops.paths()["linear_cross_entropy"] == "reference"
+
+
+def test_row_kernel_matches_its_torch_twin_and_poisons_a_bad_target(device):
+    """The chunk pass alone, Triton against torch: statistics, in-place gradient with a
+    per-token scale, ignored rows zero, and a target outside [0, V) -> NaN loss (no raise)."""
+    from fusewise.ops import _linear_ce_rows as R
+
+    z0 = 3 * torch.randn(7, 300, device=device).bfloat16()
+    tgt = torch.tensor([0, 299, -100, 5, 300, -1, 17], device=device)
+    scale = torch.rand(7, device=device) + 0.5
+    opts = (-100, 0.1, 1e-2, 2.5)
+    out = {}
+    for name, fn in (("triton", R.ce_rows_triton), ("torch", R.ce_rows_torch)):
+        z = z0.clone()
+        loss, lse = torch.full((7,), 7.0, device=device), torch.full((7,), 7.0, device=device)
+        fn(z, tgt, loss, lse, scale, opts)
+        out[name] = (z.float(), loss, lse)
+    (zt, lt, st), (zr, lr, sr) = out["triton"], out["torch"]
+    assert torch.isnan(lt[[4, 5]]).all() and torch.isnan(lr[[4, 5]]).all()
+    good = [0, 1, 2, 3, 6]
+    torch.testing.assert_close(lt[good], lr[good], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(st, sr, rtol=1e-5, atol=1e-5)
+    assert lt[2] == 0 and torch.equal(zt[2], torch.zeros_like(zt[2]))  # ignored: no gradient
+    torch.testing.assert_close(zt[good], zr[good], rtol=1e-2, atol=2e-4)  # bf16 gradients
+
+
+def test_one_backward_per_call_and_frozen_inputs(device):
+    h, w, t, b = inputs(16, 64, 8, torch.float32, device)
+    loss = fusewise.ops.linear_cross_entropy(h, w, t, b)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="second backward"):
+        loss.backward()
+    # frozen head: only hidden gets a gradient, and it is the same one
+    w2, b2 = w.detach(), b.detach()
+    (dh,) = torch.autograd.grad(fusewise.ops.linear_cross_entropy(h, w2, t, b2), [h])
+    (ref,) = torch.autograd.grad(reference.linear_cross_entropy(h, w2, t, b2), [h])
+    torch.testing.assert_close(dh, ref, rtol=1e-5, atol=1e-7)
+    with torch.no_grad():
+        torch.testing.assert_close(fusewise.ops.linear_cross_entropy(h, w, t, b),
+                                   reference.linear_cross_entropy(h, w, t, b))  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_bad_target_on_the_gpu_is_a_nan_loss_not_a_sync():
+    h, w, t, b = inputs(8, 20, 8, torch.bfloat16, torch.device("cuda"))
+    t[3] = 20
+    assert torch.isnan(fusewise.ops.linear_cross_entropy(h, w, t, b))

@@ -49,10 +49,11 @@ class LinearCrossEntropyLoss(torch.nn.Module):
 
     def __init__(self, *, ignore_index: int = -100, reduction: str = "mean",
                  label_smoothing: float = 0.0, z_loss: float = 0.0,
-                 softcap: float | None = None):  # fmt: skip
+                 softcap: float | None = None, lean: bool = False):  # fmt: skip
         super().__init__()
         self.kw = dict(ignore_index=ignore_index, reduction=reduction,
-                       label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap)  # fmt: skip
+                       label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap,
+                       lean=lean)  # fmt: skip
 
     def forward(self, hidden, weight, target, bias=None):
         return ops.linear_cross_entropy(hidden, weight, target, bias, **self.kw)

@@ -1,5 +1,5 @@
-"""Linear + cross-entropy without the full logits: the vocabulary projection and the loss are
-computed one chunk of tokens at a time, so only [chunk, V] logits ever exist.
+"""Linear + cross-entropy without the full logits: the vocabulary projection and the loss run
+one chunk of tokens at a time, so only a [chunk, V] block of logits ever exists.
 
 Equals (ops/reference.py: linear_cross_entropy)::
 
@@ -7,16 +7,22 @@ Equals (ops/reference.py: linear_cross_entropy)::
     loss = F.cross_entropy(z.float(), target, ignore_index=..., reduction=...,
                            label_smoothing=...) + z_loss * logsumexp(z)**2 (averaged like the loss)
 
-Forward keeps one fp32 log-sum-exp per token; backward recomputes each chunk's logits and
-turns them into gradients in place (softmax minus the smoothed one-hot, scaled per token), then
-dhidden = g @ W and dweight += g.T @ h (fp32 accumulator), dbias += sum(g). Four matmuls in all
-(6·N·d·V FLOP would need the gradients in the forward, which cannot know grad_output for
-reduction="none"); extra memory is one [chunk, V] fp32 block, the fp32 weight-gradient
-accumulator and the per-token statistics. The count of non-ignored tokens stays on the device:
-no host sync, so the op compiles with fullgraph=True and captures in a CUDA graph.
+Per chunk: the logits by one cuBLAS GEMM into a reused buffer; one Triton pass
+(_linear_ce_rows.py) turns them into per-token loss and log-sum-exp and, when gradients are
+wanted, into the logit gradient in place; then dhidden = g @ W and dweight += g.T @ h by cuBLAS.
 
-This first version runs the chunk arithmetic as torch ops (cuBLAS matmuls); it has not yet been
-measured against the PERF.md target on a GPU, and a fused Triton epilogue is the next step.
+Three matmuls in all (6·N·d·V FLOP) for reduction "mean"/"sum": the forward already knows each
+token's weight in the loss (1, or 1/n_valid on the device), so it computes the gradients
+there and the backward only multiplies them by grad_output. reduction="none" cannot know its
+per-token grad_output in the forward: its backward recomputes the logits (four matmuls).
+
+The weight gradient sums over chunks. Default: an fp32 accumulator (a bf16 GEMM writing fp32 on a
+GPU), rounded once at the end, as accurate as eager; it costs 4 bytes per weight element more
+than the gradient itself. lean=True accumulates in the weight's dtype instead (one rounding per
+chunk: error ~sqrt(chunks) times eager's, as in Liger), for the smallest footprint.
+
+No host sync: the count of non-ignored tokens stays on the device, so the op compiles with
+fullgraph=True and captures in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -27,102 +33,90 @@ import torch
 from torch import Tensor
 
 from . import _dispatch
+from ._linear_ce_rows import ce_rows_torch, ce_rows_triton
 
-_mm_out_dtype_works = hasattr(torch.ops.aten.mm, "dtype")  # torch.mm(..., out_dtype=) on CUDA
-
-
-def _mm_fp32_out(acc: Tensor, a: Tensor, b: Tensor) -> bool:
-    """acc += a @ b as a low-precision GEMM writing fp32; False (caller falls back to fp32
-    operands) where this torch has no such GEMM. Not yet run on a GPU, hence the guard."""
-    global _mm_out_dtype_works
-    if not _mm_out_dtype_works:
-        return False
-    try:
-        acc.add_(torch.mm(a, b, out_dtype=torch.float32))
-        return True
-    except (RuntimeError, TypeError, NotImplementedError) as e:
-        _mm_out_dtype_works = False
-        warnings.warn(f"fusewise.ops.linear_cross_entropy: torch.mm(out_dtype=float32) failed "
-                      f"({type(e).__name__}: {str(e)[:80]}); the weight gradient now uses fp32 "
-                      f"operands, which is slower", stacklevel=2)  # fmt: skip
-        return False
-
-
-CHUNK_ELEMENTS = 1 << 26  # fp32 logits per chunk: 256 MiB (tokens per chunk = this // V)
+CHUNK_BYTES = 256 << 20  # one chunk of logits in the input dtype (1024 tokens at V=128256, bf16)
 _REDUCTIONS = ("mean", "sum", "none")
+_fp32_out_gemm = True  # torch.ops.aten.{mm,addmm}.dtype_out on CUDA; cleared if it fails
 
 
-def _chunks(n: int, v: int):
-    step = max(1, min(n, CHUNK_ELEMENTS // max(v, 1)))
+def _chunks(n: int, v: int, itemsize: int):
+    step = max(1, min(n, CHUNK_BYTES // max(v * itemsize, 1)))
+    if step >= 256:
+        step -= step % 256  # whole GEMM tiles
     return [(s, min(n, s + step)) for s in range(0, n, step)]
 
 
-def _logits(h, weight, bias, softcap):
-    """fp32 logits of a chunk, soft-capped; also tanh(z / cap) for the backward (or None)."""
-    z = (h @ weight.T if bias is None else torch.addmm(bias, h, weight.T)).float()
-    if softcap is None:
-        return z, None
-    t = torch.tanh(z / softcap)
-    return t * softcap, t
+def _gemm(out: Tensor, a: Tensor, b: Tensor, accumulate: bool) -> None:
+    """out (+)= a @ b, where out is a's dtype or fp32 (an fp32 accumulator for low-precision
+    operands: one GEMM writing fp32 on a GPU; fp32 operands elsewhere)."""
+    global _fp32_out_gemm
+    if out.dtype == a.dtype:
+        out.addmm_(a, b) if accumulate else torch.mm(a, b, out=out)
+        return
+    if a.is_cuda and _fp32_out_gemm:
+        try:
+            if accumulate:
+                torch.ops.aten.addmm.dtype_out(out, a, b, torch.float32, out=out)
+            else:
+                torch.ops.aten.mm.dtype_out(a, b, torch.float32, out=out)
+            return
+        except (RuntimeError, NotImplementedError, AttributeError) as e:
+            _fp32_out_gemm = False
+            warnings.warn(f"fusewise.ops.linear_cross_entropy: the fp32-output GEMM failed "
+                          f"({type(e).__name__}: {str(e)[:80]}); using fp32 operands instead, "
+                          f"which is slower", stacklevel=3)  # fmt: skip
+    out.addmm_(a.float(), b.float()) if accumulate else torch.mm(a.float(), b.float(), out=out)
 
 
-def _forward(hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap):
-    """Per-token loss terms [N] (fp32, 0 where ignored) and lse [N]."""
+def _run(hidden, weight, target, bias, opts, scale, need, lean, path, final):
+    """One pass over token chunks. Returns per-token loss and lse [N] (fp32) and, if scale is a
+    device tensor ([1] or [N], d(output)/d(token loss)), the gradients named in need =
+    (dhidden, dweight, dbias), None where not needed. final=False leaves them in their
+    accumulators' dtype (fp32 unless lean) for the caller to scale and round once."""
     n, v = hidden.shape[0], weight.shape[0]
-    loss = torch.empty(n, dtype=torch.float32, device=hidden.device)
-    lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
-    for s, e in _chunks(n, v):
-        z, _ = _logits(hidden[s:e], weight, bias, softcap)
-        tgt = target[s:e]
-        valid = tgt != ignore_index
-        safe = torch.where(valid, tgt, 0)
-        chunk_lse = torch.logsumexp(z, dim=-1)
-        z_t = z.gather(1, safe[:, None]).squeeze(1)
-        nll = chunk_lse - z_t
-        if label_smoothing:
-            nll = (1 - label_smoothing) * nll + label_smoothing * (chunk_lse - z.mean(-1))
-        if z_loss:
-            nll = nll + z_loss * chunk_lse * chunk_lse
-        loss[s:e] = torch.where(valid, nll, 0.0)
-        lse[s:e] = chunk_lse
-    return loss, lse
-
-
-def _backward(grad_tok, hidden, weight, target, bias, lse, ignore_index, label_smoothing, z_loss,
-              softcap):  # fmt: skip
-    """grad_tok [N] fp32: d(output)/d(per-token loss); ignored tokens get no gradient whatever
-    it holds there."""
-    n, v = hidden.shape[0], weight.shape[0]
-    dh = torch.empty_like(hidden)
-    dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-    db = torch.zeros(v, dtype=torch.float32, device=weight.device) if bias is not None else None
-    for s, e in _chunks(n, v):
-        h = hidden[s:e]
-        z, t = _logits(h, weight, bias, softcap)
-        tgt = target[s:e]
-        valid = tgt != ignore_index
-        safe = torch.where(valid, tgt, 0)
-        g_lse = 1.0 + 2.0 * z_loss * lse[s:e] if z_loss else None
-        p = torch.exp(z.sub_(lse[s:e, None]))  # softmax, in place of the logits
-        if g_lse is not None:
-            p.mul_(g_lse[:, None])
-        if label_smoothing:
-            p.sub_(label_smoothing / v)
-        p.scatter_add_(1, safe[:, None], torch.full_like(safe[:, None], -(1 - label_smoothing),
-                                                         dtype=p.dtype))  # fmt: skip
-        p.mul_(torch.where(valid, grad_tok[s:e], 0.0)[:, None])  # ignored tokens get nothing
-        if t is not None:
-            p.mul_(1 - t * t)  # d(cap·tanh(x/cap))/dx
-        g = p.to(hidden.dtype)  # as eager: the logit gradient in the input dtype
-        dh[s:e] = g @ weight
-        # dweight sums over the chunks in fp32. Rounding each chunk's product to bf16 first was
-        # measured 1.4x eager's error (tests/test_linear_ce.py), so: on a GPU a bf16 GEMM that
-        # writes fp32 (mm.dtype); elsewhere fp32 operands (slow on a GPU, fine on a CPU)
-        if not (g.is_cuda and g.dtype != torch.float32 and _mm_fp32_out(dw, g.T, h)):
-            dw.addmm_(p.T, h.float())
+    dev, dt = hidden.device, hidden.dtype
+    rows = ce_rows_torch if path == _dispatch.REFERENCE else ce_rows_triton
+    loss = torch.empty(n, dtype=torch.float32, device=dev)
+    lse = torch.empty(n, dtype=torch.float32, device=dev)
+    grads = scale is not None
+    acc = dt if lean or dt in (torch.float32, torch.float64) else torch.float32
+    # dhidden is complete after its chunk: held in fp32 only when it will be scaled later
+    dh = torch.empty(hidden.shape, dtype=dt if final else acc, device=dev) if grads and need[0] \
+        else None  # fmt: skip
+    dw = torch.empty(weight.shape, dtype=acc, device=dev) if grads and need[1] else None
+    db = torch.zeros(v, dtype=torch.float32, device=dev) if grads and need[2] else None
+    chunks = _chunks(n, v, hidden.element_size())
+    buf = torch.empty(chunks[0][1] if chunks else 0, v, dtype=dt, device=dev)
+    for s, e in chunks:
+        z, h = buf[: e - s], hidden[s:e]
+        if bias is None:
+            torch.mm(h, weight.T, out=z)
+        else:
+            torch.addmm(bias, h, weight.T, out=z)
+        row_scale = scale[s:e] if grads and scale.numel() > 1 else scale
+        rows(z, target[s:e], loss[s:e], lse[s:e], row_scale, opts)  # z is the gradient now
+        if dh is not None:
+            _gemm(dh[s:e], z, weight, accumulate=False)
+        if dw is not None:
+            _gemm(dw, z.T, h, accumulate=s > 0)
         if db is not None:
-            db.add_(p.sum(0))
-    return dh, dw.to(weight.dtype), (db.to(bias.dtype) if db is not None else None)
+            db += z.sum(0, dtype=torch.float32)
+    if dw is not None and n == 0:
+        dw.zero_()
+    if final:
+        dw = dw.to(weight.dtype) if dw is not None else None
+        db = db.to(bias.dtype) if db is not None else None
+    return loss, lse, dh, dw, db
+
+
+def _scaled(grad: Tensor | None, grad_out: Tensor, dtype: torch.dtype) -> Tensor | None:
+    """grad · grad_out rounded once to dtype; in place when grad already has that dtype (lean)."""
+    if grad is None:
+        return None
+    if grad.dtype == dtype:
+        return grad.mul_(grad_out)
+    return torch.mul(grad, grad_out, out=torch.empty(grad.shape, dtype=dtype, device=grad.device))
 
 
 def _reduce(loss_tok, target, ignore_index, reduction):
@@ -131,112 +125,206 @@ def _reduce(loss_tok, target, ignore_index, reduction):
     total = loss_tok.sum()
     if reduction == "sum":
         return total
-    n_valid = (target != ignore_index).sum()
     # all tokens ignored: 0 (torch gives nan there), so a padded batch never poisons a run
-    return total / n_valid.clamp(min=1).to(total.dtype)
+    return total / _n_valid(target, ignore_index)
 
 
-def _grad_per_token(grad_out, target, ignore_index, reduction):
-    """d(output)/d(per-token loss): grad_out per token ("none") or broadcast, / count ("mean")."""
-    g = grad_out.float().expand(target.shape)
+def _n_valid(target, ignore_index):
+    return (target != ignore_index).sum().clamp(min=1).float()
+
+
+def _token_scale(target, ignore_index, reduction):
+    """d(output)/d(token loss) for "mean"/"sum", as a [1] device tensor (no sync)."""
     if reduction == "mean":
-        g = g / (target != ignore_index).sum().clamp(min=1)
-    return g
+        return (1.0 / _n_valid(target, ignore_index)).reshape(1)
+    return torch.ones(1, dtype=torch.float32, device=target.device)
 
 
 class _LinearCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
-                z_loss, softcap):  # fmt: skip
-        loss_tok, lse = _forward(hidden, weight, target, bias, ignore_index, label_smoothing,
-                                 z_loss, softcap)  # fmt: skip
-        ctx.save_for_backward(hidden, weight, target, bias, lse)
-        ctx.args = (ignore_index, reduction, label_smoothing, z_loss, softcap)
-        return _reduce(loss_tok, target, ignore_index, reduction)
+    def forward(ctx, hidden, weight, target, bias, reduction, opts, lean, path):
+        need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1],
+                bias is not None and ctx.needs_input_grad[3])  # fmt: skip
+        ctx.fused = any(need) and reduction != "none"
+        scale = _token_scale(target, opts[0], reduction) if ctx.fused else None
+        loss, lse, dh, dw, db = _run(hidden, weight, target, bias, opts, scale, need, lean, path,
+                                     final=False)  # fmt: skip
+        if ctx.fused:  # the gradients exist already; backward scales them by grad_output
+            ctx.save_for_backward(dh, dw, db)
+            ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
+            ctx.used = False
+        else:
+            ctx.save_for_backward(hidden, weight, target, bias, lse)
+            ctx.args = (opts, need, lean, path)
+        return _reduce(loss, target, opts[0], reduction)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        hidden, weight, target, bias, lse = ctx.saved_tensors
-        ignore_index, reduction, label_smoothing, z_loss, softcap = ctx.args
-        g_tok = _grad_per_token(grad_out, target, ignore_index, reduction)
-        dh, dw, db = _backward(g_tok, hidden, weight, target, bias, lse, ignore_index,
-                               label_smoothing, z_loss, softcap)  # fmt: skip
-        return dh, dw, None, db, None, None, None, None, None
+        if ctx.fused:
+            if ctx.used:  # the saved gradients were scaled in place by the first backward
+                raise RuntimeError("fusewise.ops.linear_cross_entropy computes its gradients in "
+                                   "the forward; a second backward through the same call "
+                                   "(retain_graph=True) is not supported")  # fmt: skip
+            ctx.used = True
+            grads = [_scaled(x, grad_out, d) for x, d in zip(ctx.saved_tensors, ctx.dtypes)]
+        else:
+            hidden, weight, target, bias, _ = ctx.saved_tensors
+            opts, need, lean, path = ctx.args
+            scale = grad_out.float().contiguous()
+            grads = _run(hidden, weight, target, bias, opts, scale, need, lean, path, final=True)[
+                2:
+            ]
+        return grads[0], grads[1], None, grads[2], None, None, None, None
 
 
 # --- custom ops: what torch.compile traces (eager calls take _LinearCE directly) -----------------
 
 
+def _path_of(t: Tensor) -> str:
+    return _dispatch.REFERENCE if _dispatch._why_not_triton([t]) else _dispatch.TRITON
+
+
 @torch.library.custom_op("fusewise::linear_ce_fwd", mutates_args=())
 def linear_ce_fwd(hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None,
-                  ignore_index: int, label_smoothing: float, z_loss: float,
-                  softcap: float | None) -> tuple[Tensor, Tensor]:  # fmt: skip
-    return _forward(hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap)
+                  ignore_index: int, label_smoothing: float, z_loss: float, softcap: float | None,
+                  lean: bool) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """Per-token loss and lse, no gradients (reduction="none", or no grad wanted); lean is
+    for the backward."""
+    opts = (ignore_index, label_smoothing, z_loss, softcap)
+    loss, lse, *_ = _run(hidden, weight, target, bias, opts, None, (False,) * 3, False,
+                         _path_of(hidden), final=True)  # fmt: skip
+    return loss, lse
 
 
 @linear_ce_fwd.register_fake
-def _(hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap):
+def _(hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap, lean):
     n = hidden.shape[0]
     return hidden.new_empty(n, dtype=torch.float32), hidden.new_empty(n, dtype=torch.float32)
 
 
 @torch.library.custom_op("fusewise::linear_ce_bwd", mutates_args=())
 def linear_ce_bwd(grad_tok: Tensor, hidden: Tensor, weight: Tensor, target: Tensor,
-                  bias: Tensor | None, lse: Tensor, ignore_index: int, label_smoothing: float,
-                  z_loss: float, softcap: float | None) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    dh, dw, db = _backward(grad_tok, hidden, weight, target, bias, lse, ignore_index,
-                           label_smoothing, z_loss, softcap)  # fmt: skip
+                  bias: Tensor | None, ignore_index: int, label_smoothing: float,
+                  z_loss: float, softcap: float | None,
+                  lean: bool) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """reduction="none"'s backward: recompute each chunk's logits, gradients scaled per token."""
+    opts = (ignore_index, label_smoothing, z_loss, softcap)
+    need = (True, True, bias is not None)
+    _, _, dh, dw, db = _run(hidden, weight, target, bias, opts, grad_tok, need, lean,
+                            _path_of(hidden), final=True)  # fmt: skip
     return dh, dw, db if db is not None else hidden.new_empty(0)
 
 
 @linear_ce_bwd.register_fake
-def _(grad_tok, hidden, weight, target, bias, lse, ignore_index, label_smoothing, z_loss, softcap):
+def _(grad_tok, hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap, lean):
     db = torch.empty_like(bias) if bias is not None else hidden.new_empty(0)
     return torch.empty_like(hidden), torch.empty_like(weight), db
 
 
-def _setup(ctx, inputs, output):
-    hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap = inputs
-    ctx.save_for_backward(hidden, weight, target, bias, output[1])
-    ctx.args = (ignore_index, label_smoothing, z_loss, softcap)
+def _setup_none(ctx, inputs, output):
+    hidden, weight, target, bias, *opts = inputs
+    ctx.save_for_backward(hidden, weight, target, bias)
+    ctx.opts = opts
     ctx.mark_non_differentiable(output[1])
 
 
-def _custom_backward(ctx, grad_tok, _grad_lse):
-    hidden, weight, target, bias, lse = ctx.saved_tensors
-    ignore_index, label_smoothing, z_loss, softcap = ctx.args
-    dh, dw, db = linear_ce_bwd(grad_tok.float(), hidden, weight, target, bias, lse, ignore_index,
-                               label_smoothing, z_loss, softcap)  # fmt: skip
-    return dh, dw, None, (db if bias is not None else None), None, None, None, None
+def _backward_none(ctx, grad_tok, _grad_lse):
+    hidden, weight, target, bias = ctx.saved_tensors
+    dh, dw, db = linear_ce_bwd(grad_tok.float().contiguous(), hidden, weight, target, bias,
+                               *ctx.opts)  # fmt: skip
+    return dh, dw, None, (db if bias is not None else None), None, None, None, None, None
 
 
-torch.library.register_autograd("fusewise::linear_ce_fwd", _custom_backward, setup_context=_setup)
+torch.library.register_autograd("fusewise::linear_ce_fwd", _backward_none,
+                                setup_context=_setup_none)  # fmt: skip
+
+
+@torch.library.custom_op("fusewise::linear_ce_fused", mutates_args=())
+def linear_ce_fused(hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None,
+                    ignore_index: int, mean: bool, label_smoothing: float, z_loss: float,
+                    softcap: float | None, lean: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """Reduced loss ("mean" or "sum") and its gradients for grad_output = 1, in one pass, in
+    their accumulators' dtype (fp32 unless lean; the backward scales and rounds them)."""
+    opts = (ignore_index, label_smoothing, z_loss, softcap)
+    reduction = "mean" if mean else "sum"
+    need = (True, True, bias is not None)
+    loss, _, dh, dw, db = _run(hidden, weight, target, bias, opts,
+                               _token_scale(target, ignore_index, reduction), need, lean,
+                               _path_of(hidden), final=False)  # fmt: skip
+    return (
+        _reduce(loss, target, ignore_index, reduction),
+        dh,
+        dw,
+        (db if db is not None else hidden.new_empty(0)),
+    )
+
+
+@linear_ce_fused.register_fake
+def _(hidden, weight, target, bias, ignore_index, mean, label_smoothing, z_loss, softcap, lean):
+    acc = hidden.dtype if lean or hidden.dtype == torch.float32 else torch.float32
+    db = (
+        bias.new_empty(bias.shape, dtype=torch.float32) if bias is not None else hidden.new_empty(0)
+    )
+    loss = hidden.new_empty((), dtype=torch.float32)
+    return (
+        loss,
+        hidden.new_empty(hidden.shape, dtype=acc),
+        weight.new_empty(weight.shape, dtype=acc),
+        db,
+    )
+
+
+def _setup_fused(ctx, inputs, output):
+    hidden, weight, _, bias = inputs[:4]
+    ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
+    ctx.save_for_backward(*output[1:])
+    ctx.mark_non_differentiable(*output[1:])
+
+
+def _backward_fused(ctx, grad_loss, *_):
+    dh, dw, db = ((x * grad_loss).to(d) if d is not None else None
+                  for x, d in zip(ctx.saved_tensors, ctx.dtypes))  # fmt: skip
+    return dh, dw, None, db, *([None] * 6)
+
+
+torch.library.register_autograd("fusewise::linear_ce_fused", _backward_fused,
+                                setup_context=_setup_fused)  # fmt: skip
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None,
                          *, ignore_index: int = -100, reduction: str = "mean",
                          label_smoothing: float = 0.0, z_loss: float = 0.0,
-                         softcap: float | None = None) -> Tensor:  # fmt: skip
+                         softcap: float | None = None, lean: bool = False) -> Tensor:  # fmt: skip
     """Cross-entropy of `hidden @ weight.T + bias` against `target` without the full logits.
 
     hidden [N, d] or [B, T, d]; weight [V, d]; target [N] or [B, T] (int64, in [0, V) or
     ignore_index); bias [V]. Returns a scalar ("mean", "sum") or [N] / [B, T] ("none"), fp32.
-    With every token ignored, "mean" gives 0 and zero gradients (torch gives nan).
+    With every token ignored, "mean" gives 0 and zero gradients (torch gives nan). On a GPU a
+    non-ignored target outside [0, V) makes the loss NaN (raising would need a host sync); on the
+    CPU it raises. For "mean"/"sum" the gradients are computed in the forward (when any input
+    requires grad) and one backward per call is supported. lean=True: see the module docstring.
     """
     _check(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, z_loss, softcap)
     lead = target.shape
     h2, t1 = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
-    if h2.stride(-1) != 1:
+    if h2.stride(-1) != 1 or h2.stride(0) != h2.shape[1]:
         h2 = h2.contiguous()
-    _dispatch.record_path("linear_cross_entropy", "chunked-torch")
-    args = (int(ignore_index), float(label_smoothing), float(z_loss),
+    weight = weight if weight.stride(-1) == 1 else weight.contiguous()
+    opts = (int(ignore_index), float(label_smoothing), float(z_loss),
             None if softcap is None else float(softcap))  # fmt: skip
     if torch.compiler.is_compiling():
-        loss_tok, _ = linear_ce_fwd(h2, weight, t1, bias, *args)
+        wants_grad = torch.is_grad_enabled() and any(
+            x is not None and x.requires_grad for x in (h2, weight, bias)
+        )
+        if wants_grad and reduction != "none":
+            return linear_ce_fused(h2, weight, t1, bias, opts[0], reduction == "mean", *opts[1:],
+                                   bool(lean))[0]  # fmt: skip
+        loss_tok, _ = linear_ce_fwd(h2, weight, t1, bias, *opts, bool(lean))
         out = _reduce(loss_tok, t1, ignore_index, reduction)
     else:
-        out = _LinearCE.apply(h2, weight, t1, bias, args[0], reduction, *args[1:])
+        path = _dispatch.choose_path("linear_cross_entropy", h2, weight)
+        out = _LinearCE.apply(h2, weight, t1, bias, reduction, opts, bool(lean), path)
     return out.view(lead) if reduction == "none" else out
 
 
