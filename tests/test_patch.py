@@ -12,7 +12,7 @@ class MyNorm(torch.nn.LayerNorm):
 def test_patch_swaps_norms_in_place_and_keeps_parameters(device):
     c = GPTConfig(vocab=64, seq=16, d_model=32, heads=2, layers=2, batch=2)
     model = GPT(c, "clean").to(device)
-    model.extra = torch.nn.Sequential(torch.nn.RMSNorm(32), MyNorm(32))
+    model.extra = torch.nn.Sequential(torch.nn.RMSNorm(32), MyNorm(32)).to(device)
     params = {n: p for n, p in model.named_parameters()}
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(3, 32, device=device)
