@@ -1,5 +1,5 @@
-"""Linear + cross-entropy, forward + backward: fusewise (default and lean=True, at several chunk
-sizes) against three bare cuBLAS matmuls of the same shapes (the floor PERF.md measures against),
+"""Linear + cross-entropy, forward + backward: fusewise (default and fp32_accumulate=True, at
+several chunk sizes) against three bare cuBLAS matmuls of the same shapes (the floor PERF.md measures against),
 eager (fp32 and bf16 CE), torch.compile, Liger's fused linear CE and Apple's CCE, at hidden
 [N, 4096], weight [128256, 4096], bf16, N in 8192, 16384 (PERF.md's shape), 32768.
 
@@ -14,7 +14,6 @@ with a float64 reference, the relative error of the loss and both gradients per 
 from __future__ import annotations
 
 import argparse
-import importlib
 
 import _rows  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 import torch
@@ -24,33 +23,24 @@ import triton
 import fusewise
 from fusewise.ops import reference
 
-lce = importlib.import_module("fusewise.ops.linear_cross_entropy")
 V, D = 128256, 4096
 
 
-def _fusewise(chunk_mib=None, **kw):
-    def fn(h, w, t):
-        old = lce.CHUNK_BYTES
-        lce.CHUNK_BYTES = (chunk_mib << 20) if chunk_mib else old
-        try:
-            return fusewise.ops.linear_cross_entropy(h, w, t, **kw)
-        finally:
-            lce.CHUNK_BYTES = old
-
-    return fn
+def _fusewise(**kw):
+    return lambda h, w, t: fusewise.ops.linear_cross_entropy(h, w, t, **kw)
 
 
-def providers(chunks_mib):
+def providers(chunks):
     def eager(dtype):
         def fn(h, w, t):
             return F.cross_entropy((h @ w.T).to(dtype), t)
 
         return fn
 
-    table = {"fusewise": _fusewise(), "fusewise-lean": _fusewise(lean=True)}
-    for mib in chunks_mib:
-        table[f"fusewise-chunk{mib}M"] = _fusewise(mib)
-        table[f"fusewise-lean-chunk{mib}M"] = _fusewise(mib, lean=True)
+    table = {"fusewise": _fusewise(), "fusewise-fp32acc": _fusewise(fp32_accumulate=True)}
+    for c in chunks:
+        table[f"fusewise-chunk{c}"] = _fusewise(chunk_size=c)
+        table[f"fusewise-fp32acc-chunk{c}"] = _fusewise(chunk_size=c, fp32_accumulate=True)
     table |= {
         "eager-fp32-ce": eager(torch.float32),
         "eager-bf16-ce": eager(torch.bfloat16),
@@ -135,12 +125,13 @@ def precision(table, n=4096, d=2048, v=32768):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--tokens", default="8192,16384,32768")
-    ap.add_argument("--chunks-mib", default="128,512", help="extra fusewise chunk sizes, at 16384")
+    ap.add_argument("--chunks", default="512,2048,4096",
+                    help="extra fusewise chunk sizes (tokens), at N=16384")  # fmt: skip
     ap.add_argument("--csv", default=None)
     a = ap.parse_args(argv)
     gpu, commit = torch.cuda.get_device_name(), _rows.commit()
     print(f"# {gpu}; torch {torch.__version__}; triton {triton.__version__}; commit {commit}")
-    chunks = [int(c) for c in a.chunks_mib.split(",") if c]
+    chunks = [int(c) for c in a.chunks.split(",") if c]
     rows = []
     for n in map(int, a.tokens.split(",")):
         flops = 6.0 * n * D * V

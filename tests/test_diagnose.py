@@ -210,3 +210,31 @@ def test_a_failing_analyzer_is_reported_not_fatal(monkeypatch):
     r = driver.build_report(golden("naive"), {}, [1.0], None, H200, 2.0)
     assert {"analysis": "fusion-chains", "reason": "failed: ZeroDivisionError: boom"} in r.skipped
     assert any(f.kind == "quadratic-memory" for f in r.findings)  # the others still ran
+
+
+@pytest.mark.gpu
+def test_gpu_op_times_are_device_time_not_host_gaps():
+    """Under the recorder the host is slow (it records every op), so the GPU idles between ops.
+    Each op's time must still be its kernels' device time: a tiny elementwise op takes a few
+    microseconds, and a large matmul about what it takes alone."""
+    from fusewise.capture.opgraph import Recorder
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    small = torch.randn(1024, device="cuda")
+    for _ in range(3):
+        a @ a
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    a @ a
+    end.record()
+    torch.cuda.synchronize()
+    alone = start.elapsed_time(end)
+    with Recorder() as rec:
+        for _ in range(50):
+            small = small * 1.0001 + 1e-3
+        a @ a
+    ops = rec.graph.ops
+    tiny = sorted(op.ms for op in ops if op.name.startswith(("aten.mul", "aten.add")))
+    assert len(tiny) == 100 and 0 < tiny[50] < 0.02, tiny[50]
+    mm = next(op.ms for op in ops if op.name.startswith("aten.mm"))
+    assert 0.7 * alone < mm < 1.3 * alone, (mm, alone)

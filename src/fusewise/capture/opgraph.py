@@ -142,6 +142,9 @@ class _LineOfNode(TorchFunctionMode):
             stack.extend(f for f, _ in n.next_functions)
 
 
+_RANGE = "fusewise.op#"
+
+
 class _Dispatch(TorchDispatchMode):
     def __init__(self, rec: Recorder):
         super().__init__()
@@ -150,8 +153,14 @@ class _Dispatch(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         on_gpu = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
-        timer = self.rec._start_timer(on_gpu)
-        out = func(*args, **kwargs)
+        if on_gpu and self.rec._prof is not None:
+            # a profiler range per op: its kernels' device time, whatever the host gaps
+            with torch.profiler.record_function(f"{_RANGE}{len(self.rec.graph.ops)}"):
+                out = func(*args, **kwargs)
+            timer = None
+        else:
+            timer = self.rec._start_timer(on_gpu)
+            out = func(*args, **kwargs)
         self.rec._record(func, args, kwargs, out, timer)
         return out
 
@@ -168,6 +177,7 @@ class Recorder:
         self._in_optimizer = 0
         self._hooks = []
         self._events: list = []
+        self._prof = None
 
     # value ids
     def _value(self, t: torch.Tensor, fresh: bool = False) -> int:
@@ -182,8 +192,9 @@ class Recorder:
         return self._vid[t]
 
     def _start_timer(self, on_gpu: bool):
-        """Per-op timing: CUDA events around an op on GPU tensors (device time, no sync; read at
-        __exit__), perf_counter for anything else."""
+        """Per-op timing without the profiler: CUDA events around an op on GPU tensors (no sync;
+        read at __exit__; they include any host gap inside the pair, and the recorder's own
+        overhead makes such gaps), perf_counter for anything else."""
         if on_gpu:
             start = torch.cuda.Event(enable_timing=True)
             start.record()
@@ -245,6 +256,16 @@ class Recorder:
             register_optimizer_step_pre_hook(pre),
             register_optimizer_step_post_hook(post),
         ]
+        if torch.cuda.is_available():
+            # GPU op times come from the profiler's kernel records (CUPTI): CUDA events around
+            # each op would also count the host time the recorder itself spends between ops
+            try:
+                self._prof = torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CPU,
+                                torch.profiler.ProfilerActivity.CUDA])  # fmt: skip
+                self._prof.__enter__()
+            except RuntimeError:  # another profiler is running: fall back to CUDA events
+                self._prof = None
         self._modes = [_LineOfNode(self._node_lines), _Dispatch(self)]
         for m in self._modes:
             m.__enter__()
@@ -253,6 +274,13 @@ class Recorder:
     def __exit__(self, *exc):
         for m in reversed(self._modes):
             m.__exit__(*exc)
+        if self._prof is not None:
+            torch.cuda.synchronize()
+            self._prof.__exit__(None, None, None)
+            for e in self._prof.events():
+                if e.name.startswith(_RANGE):
+                    self.graph.ops[int(e.name[len(_RANGE) :])].ms = e.device_time_total / 1e3
+            self._prof = None
         if self._events:
             torch.cuda.synchronize()
             for i, start, end in self._events:

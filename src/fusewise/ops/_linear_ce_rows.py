@@ -26,6 +26,11 @@ import triton.language as tl
 from ._triton_utils import round_to
 
 BLOCK_V = 4096  # vocabulary columns per step of the row loop (16 per thread at 8 warps)
+ROW_WARPS = 8
+# Persistent programs per SM. Every row is read twice (statistics, then gradient); with a
+# program per row all of a chunk's rows are in flight at once and the second read misses L2.
+PROGRAMS_PER_SM = 2
+SCALE_BLOCK = 4096
 
 
 @triton.jit
@@ -37,13 +42,12 @@ def _tanh(x):
 
 
 @triton.jit
-def _ce_rows_kernel(z_ptr, stride_z, tgt_ptr, loss_ptr, lse_ptr, scale_ptr, V, ignore_index,
-                    smoothing, z_loss, softcap, HAS_SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr,
-                    WRITE_GRAD: tl.constexpr, SCALE_PER_ROW: tl.constexpr,
-                    BLOCK: tl.constexpr):  # fmt: skip
-    row = tl.program_id(0)
+def _ce_row(z_ptr, stride_z, tgt_ptr, loss_ptr, lse_ptr, scale_ptr, row, row_ok, V, ignore_index,
+            smoothing, z_loss, softcap, HAS_SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr,
+            WRITE_GRAD: tl.constexpr, SCALE_PER_ROW: tl.constexpr,
+            BLOCK: tl.constexpr):  # fmt: skip
     base = z_ptr + row.to(tl.int64) * stride_z
-    tgt = tl.load(tgt_ptr + row)
+    tgt = tl.load(tgt_ptr + row, mask=row_ok, other=ignore_index)
     valid = tgt != ignore_index
     in_range = (tgt >= 0) & (tgt < V)
     offs = tl.arange(0, BLOCK)
@@ -54,7 +58,7 @@ def _ce_rows_kernel(z_ptr, stride_z, tgt_ptr, loss_ptr, lse_ptr, scale_ptr, V, i
     zsum = tl.zeros([BLOCK], tl.float32)
     for start in range(0, V, BLOCK):
         cols = start + offs
-        mask = cols < V
+        mask = (cols < V) & row_ok
         x = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_SOFTCAP:
             x = softcap * _tanh(x / softcap)
@@ -66,7 +70,7 @@ def _ce_rows_kernel(z_ptr, stride_z, tgt_ptr, loss_ptr, lse_ptr, scale_ptr, V, i
             zsum += tl.where(mask, x, 0.0)
     mx = tl.max(m, 0)
     lse = mx + tl.log(tl.sum(s * tl.exp(m - mx), 0))
-    zt = tl.load(base + tl.where(valid & in_range, tgt, 0)).to(tl.float32)
+    zt = tl.load(base + tl.where(valid & in_range, tgt, 0), mask=row_ok, other=0.0).to(tl.float32)
     if HAS_SOFTCAP:
         zt = softcap * _tanh(zt / softcap)
     nll = lse - zt
@@ -74,18 +78,19 @@ def _ce_rows_kernel(z_ptr, stride_z, tgt_ptr, loss_ptr, lse_ptr, scale_ptr, V, i
         nll = (1.0 - smoothing) * nll + smoothing * (lse - tl.sum(zsum, 0) / V)
     nll += z_loss * lse * lse
     nll = tl.where(in_range, nll, float("nan"))  # a bad target poisons the loss, visibly
-    tl.store(loss_ptr + row, tl.where(valid, nll, 0.0))
-    tl.store(lse_ptr + row, lse)
+    tl.store(loss_ptr + row, tl.where(valid, nll, 0.0), mask=row_ok)
+    tl.store(lse_ptr + row, lse, mask=row_ok)
     if WRITE_GRAD:
         if SCALE_PER_ROW:
-            scale = tl.load(scale_ptr + row)
+            scale = tl.load(scale_ptr + row, mask=row_ok, other=0.0)
         else:
             scale = tl.load(scale_ptr)
         scale = tl.where(valid, scale, 0.0)
         coeff = 1.0 + 2.0 * z_loss * lse
+        # second read of the row: recent enough to come from L2 when few rows are in flight
         for start in range(0, V, BLOCK):
             cols = start + offs
-            mask = cols < V
+            mask = (cols < V) & row_ok
             x = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
             if HAS_SOFTCAP:
                 t = _tanh(x / softcap)
@@ -97,6 +102,36 @@ def _ce_rows_kernel(z_ptr, stride_z, tgt_ptr, loss_ptr, lse_ptr, scale_ptr, V, i
             tl.store(base + cols, round_to(p * scale, z_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _ce_rows_kernel(z_ptr, stride_z, tgt_ptr, loss_ptr, lse_ptr, scale_ptr, rows, V,
+                    ignore_index, smoothing, z_loss, softcap, rows_per_program, n_programs,
+                    HAS_SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr, WRITE_GRAD: tl.constexpr,
+                    SCALE_PER_ROW: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """Persistent: program p takes rows p, p + P, ... (P programs in all)."""
+    pid = tl.program_id(0)
+    for i in range(0, rows_per_program):
+        row = pid + i * n_programs
+        _ce_row(z_ptr, stride_z, tgt_ptr, loss_ptr, lse_ptr, scale_ptr, row, row < rows, V,
+                ignore_index, smoothing, z_loss, softcap, HAS_SOFTCAP, SMOOTH, WRITE_GRAD,
+                SCALE_PER_ROW, BLOCK)  # fmt: skip
+
+
+@triton.jit
+def _scale_kernel(src_ptr, dst_ptr, g_ptr, n, BLOCK: tl.constexpr):
+    """dst = src * g, g a device scalar, rounded once to dst's dtype (src may be dst)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(g_ptr).to(tl.float32)
+    x = tl.load(src_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dst_ptr + offs, round_to(x * g, dst_ptr.dtype.element_ty), mask=mask)
+
+
+def _sm_count(device) -> int:
+    if device.type != "cuda":
+        return 1  # the interpreter: PROGRAMS_PER_SM programs, so rows loop inside a program
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def ce_rows_triton(z, target, loss, lse, scale, opts):
     """Launch over the rows of z [rows, V] (unit stride along V). opts = (ignore_index,
     label_smoothing, z_loss, softcap); scale None (statistics only), [1] or [rows] fp32."""
@@ -105,13 +140,23 @@ def ce_rows_triton(z, target, loss, lse, scale, opts):
     if rows == 0:
         return
     block = min(BLOCK_V, triton.next_power_of_2(v))
-    _ce_rows_kernel[(rows,)](
-        z, z.stride(0), target, loss, lse, scale if scale is not None else lse, v, ignore_index,
-        smoothing, z_loss, softcap or 1.0, HAS_SOFTCAP=softcap is not None,
-        SMOOTH=smoothing != 0.0, WRITE_GRAD=scale is not None,
+    programs = min(rows, PROGRAMS_PER_SM * _sm_count(z.device))
+    _ce_rows_kernel[(programs,)](
+        z, z.stride(0), target, loss, lse, scale if scale is not None else lse, rows, v,
+        ignore_index, smoothing, z_loss, softcap or 1.0, triton.cdiv(rows, programs), programs,
+        HAS_SOFTCAP=softcap is not None, SMOOTH=smoothing != 0.0, WRITE_GRAD=scale is not None,
         SCALE_PER_ROW=scale is not None and scale.numel() > 1, BLOCK=block,
-        num_warps=8 if block >= 2048 else 4,
+        num_warps=ROW_WARPS if block >= 2048 else 4,
     )  # fmt: skip
+
+
+def scale_into(src, dst, g):
+    """dst = src * g (g a one-element device tensor), one rounding; contiguous, same numel."""
+    n = src.numel()
+    if n:
+        _scale_kernel[(triton.cdiv(n, SCALE_BLOCK),)](src, dst, g, n, BLOCK=SCALE_BLOCK,
+                                                      num_warps=8)  # fmt: skip
+    return dst
 
 
 def ce_rows_torch(z, target, loss, lse, scale, opts):

@@ -13,13 +13,17 @@ wanted, into the logit gradient in place; then dhidden = g @ W and dweight += g.
 
 Three matmuls in all (6·N·d·V FLOP) for reduction "mean"/"sum": the forward already knows each
 token's weight in the loss (1, or 1/n_valid on the device), so it computes the gradients
-there and the backward only multiplies them by grad_output. reduction="none" cannot know its
-per-token grad_output in the forward: its backward recomputes the logits (four matmuls).
+there and the backward only multiplies them by grad_output (one Triton pass, one rounding).
+reduction="none" cannot know its per-token grad_output in the forward: its backward recomputes
+the logits (four matmuls).
 
-The weight gradient sums over chunks. Default: an fp32 accumulator (a bf16 GEMM writing fp32 on a
-GPU), rounded once at the end, as accurate as eager; it costs 4 bytes per weight element more
-than the gradient itself. lean=True accumulates in the weight's dtype instead (one rounding per
-chunk: error ~sqrt(chunks) times eager's, as in Liger), for the smallest footprint.
+The weight gradient sums over chunks. By default it accumulates in the weight's dtype (one
+rounding per chunk, as Liger does): on the H200 at N=4096, V=32768 with 16 chunks its error
+against float64 was 1.14x that of the full-logits formula (and below F.cross_entropy on bf16
+logits); benchmarks/results/h200_linear_ce.csv. fp32_accumulate=True keeps an fp32 accumulator
+and rounds once (as accurate as eager) for 4 more bytes per weight element (2.1 GB at V=128256,
+d=4096) and ~8% more time. dhidden is complete per chunk and kept in fp32 until the backward
+scales it, so it is rounded once either way.
 
 No host sync: the count of non-ignored tokens stays on the device, so the op compiles with
 fullgraph=True and captures in a CUDA graph.
@@ -33,16 +37,19 @@ import torch
 from torch import Tensor
 
 from . import _dispatch
-from ._linear_ce_rows import ce_rows_torch, ce_rows_triton
+from ._linear_ce_rows import ce_rows_torch, ce_rows_triton, scale_into
 
-CHUNK_BYTES = 256 << 20  # one chunk of logits in the input dtype (1024 tokens at V=128256, bf16)
+# Tokens per chunk: as many as fit CHUNK_BYTES of logits in the input dtype (1024 at V=128256
+# in bf16), in whole GEMM tiles. H200, N=16384, lean: 128 MiB chunks 93.0 ms, 256 MiB 85.5,
+# 512 MiB 82.8 (each chunk re-reads and re-writes the weight-gradient accumulator).
+CHUNK_BYTES = 256 << 20
 _REDUCTIONS = ("mean", "sum", "none")
 _fp32_out_gemm = True  # torch.ops.aten.{mm,addmm}.dtype_out on CUDA; cleared if it fails
 
 
-def _chunks(n: int, v: int, itemsize: int):
-    step = max(1, min(n, CHUNK_BYTES // max(v * itemsize, 1)))
-    if step >= 256:
+def _chunks(n: int, v: int, itemsize: int, chunk_size: int = 0):
+    step = chunk_size or max(1, min(n, CHUNK_BYTES // max(v * itemsize, 1)))
+    if not chunk_size and step >= 256:
         step -= step % 256  # whole GEMM tiles
     return [(s, min(n, s + step)) for s in range(0, n, step)]
 
@@ -69,24 +76,26 @@ def _gemm(out: Tensor, a: Tensor, b: Tensor, accumulate: bool) -> None:
     out.addmm_(a.float(), b.float()) if accumulate else torch.mm(a.float(), b.float(), out=out)
 
 
-def _run(hidden, weight, target, bias, opts, scale, need, lean, path, final):
+def _run(hidden, weight, target, bias, opts, scale, need, cfg, path, final):
     """One pass over token chunks. Returns per-token loss and lse [N] (fp32) and, if scale is a
     device tensor ([1] or [N], d(output)/d(token loss)), the gradients named in need =
-    (dhidden, dweight, dbias), None where not needed. final=False leaves them in their
-    accumulators' dtype (fp32 unless lean) for the caller to scale and round once."""
+    (dhidden, dweight, dbias), None where not needed. cfg = (fp32_accumulate, chunk_size).
+    final=False leaves the gradients in fp32 where that keeps a rounding for the caller's
+    scaling (dhidden, dbias, and dweight with fp32_accumulate)."""
     n, v = hidden.shape[0], weight.shape[0]
     dev, dt = hidden.device, hidden.dtype
+    exact, chunk_size = cfg
     rows = ce_rows_torch if path == _dispatch.REFERENCE else ce_rows_triton
     loss = torch.empty(n, dtype=torch.float32, device=dev)
     lse = torch.empty(n, dtype=torch.float32, device=dev)
     grads = scale is not None
-    acc = dt if lean or dt in (torch.float32, torch.float64) else torch.float32
-    # dhidden is complete after its chunk: held in fp32 only when it will be scaled later
-    dh = torch.empty(hidden.shape, dtype=dt if final else acc, device=dev) if grads and need[0] \
+    wide = torch.promote_types(dt, torch.float32)
+    dh = torch.empty(hidden.shape, dtype=dt if final else wide, device=dev) if grads and need[0] \
         else None  # fmt: skip
-    dw = torch.empty(weight.shape, dtype=acc, device=dev) if grads and need[1] else None
-    db = torch.zeros(v, dtype=torch.float32, device=dev) if grads and need[2] else None
-    chunks = _chunks(n, v, hidden.element_size())
+    dw = torch.empty(weight.shape, dtype=wide if exact else dt, device=dev) if grads and need[1] \
+        else None  # fmt: skip
+    db = torch.zeros(v, dtype=wide, device=dev) if grads and need[2] else None
+    chunks = _chunks(n, v, hidden.element_size(), chunk_size)
     buf = torch.empty(chunks[0][1] if chunks else 0, v, dtype=dt, device=dev)
     for s, e in chunks:
         z, h = buf[: e - s], hidden[s:e]
@@ -101,7 +110,7 @@ def _run(hidden, weight, target, bias, opts, scale, need, lean, path, final):
         if dw is not None:
             _gemm(dw, z.T, h, accumulate=s > 0)
         if db is not None:
-            db += z.sum(0, dtype=torch.float32)
+            db += z.sum(0, dtype=db.dtype)
     if dw is not None and n == 0:
         dw.zero_()
     if final:
@@ -110,13 +119,15 @@ def _run(hidden, weight, target, bias, opts, scale, need, lean, path, final):
     return loss, lse, dh, dw, db
 
 
-def _scaled(grad: Tensor | None, grad_out: Tensor, dtype: torch.dtype) -> Tensor | None:
-    """grad · grad_out rounded once to dtype; in place when grad already has that dtype (lean)."""
+def _scaled(grad: Tensor | None, grad_out: Tensor, dtype: torch.dtype, path: str) -> Tensor | None:
+    """grad · grad_out (a device scalar) rounded once to dtype; in place when grad already has
+    that dtype. One Triton pass (torch's mixed-dtype multiply took 2.5 ms for a 1 GB gradient)."""
     if grad is None:
         return None
-    if grad.dtype == dtype:
-        return grad.mul_(grad_out)
-    return torch.mul(grad, grad_out, out=torch.empty(grad.shape, dtype=dtype, device=grad.device))
+    out = grad if grad.dtype == dtype else torch.empty(grad.shape, dtype=dtype, device=grad.device)
+    if path == _dispatch.REFERENCE:
+        return torch.mul(grad, grad_out, out=out)
+    return scale_into(grad, out, grad_out.float().reshape(1))
 
 
 def _reduce(loss_tok, target, ignore_index, reduction):
@@ -142,39 +153,40 @@ def _token_scale(target, ignore_index, reduction):
 
 class _LinearCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, reduction, opts, lean, path):
+    def forward(ctx, hidden, weight, target, bias, reduction, opts, cfg, path):
         need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1],
                 bias is not None and ctx.needs_input_grad[3])  # fmt: skip
         ctx.fused = any(need) and reduction != "none"
+        ctx.path = path
         scale = _token_scale(target, opts[0], reduction) if ctx.fused else None
-        loss, lse, dh, dw, db = _run(hidden, weight, target, bias, opts, scale, need, lean, path,
+        loss, lse, dh, dw, db = _run(hidden, weight, target, bias, opts, scale, need, cfg, path,
                                      final=False)  # fmt: skip
         if ctx.fused:  # the gradients exist already; backward scales them by grad_output
             ctx.save_for_backward(dh, dw, db)
             ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
             ctx.used = False
         else:
-            ctx.save_for_backward(hidden, weight, target, bias, lse)
-            ctx.args = (opts, need, lean, path)
+            ctx.save_for_backward(hidden, weight, target, bias)
+            ctx.args = (opts, need, cfg)
         return _reduce(loss, target, opts[0], reduction)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         if ctx.fused:
-            if ctx.used:  # the saved gradients were scaled in place by the first backward
+            if ctx.used:  # the saved gradients may have been scaled in place already
                 raise RuntimeError("fusewise.ops.linear_cross_entropy computes its gradients in "
                                    "the forward; a second backward through the same call "
                                    "(retain_graph=True) is not supported")  # fmt: skip
             ctx.used = True
-            grads = [_scaled(x, grad_out, d) for x, d in zip(ctx.saved_tensors, ctx.dtypes)]
+            grads = [_scaled(x, grad_out, d, ctx.path)
+                     for x, d in zip(ctx.saved_tensors, ctx.dtypes)]  # fmt: skip
         else:
-            hidden, weight, target, bias, _ = ctx.saved_tensors
-            opts, need, lean, path = ctx.args
+            hidden, weight, target, bias = ctx.saved_tensors
+            opts, need, cfg = ctx.args
             scale = grad_out.float().contiguous()
-            grads = _run(hidden, weight, target, bias, opts, scale, need, lean, path, final=True)[
-                2:
-            ]
+            grads = _run(hidden, weight, target, bias, opts, scale, need, cfg, ctx.path,
+                         final=True)[2:]  # fmt: skip
         return grads[0], grads[1], None, grads[2], None, None, None, None
 
 
@@ -188,17 +200,18 @@ def _path_of(t: Tensor) -> str:
 @torch.library.custom_op("fusewise::linear_ce_fwd", mutates_args=())
 def linear_ce_fwd(hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None,
                   ignore_index: int, label_smoothing: float, z_loss: float, softcap: float | None,
-                  lean: bool) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """Per-token loss and lse, no gradients (reduction="none", or no grad wanted); lean is
-    for the backward."""
+                  fp32_accumulate: bool, chunk_size: int) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """Per-token loss and lse, no gradients (reduction="none", or no grad wanted); the last two
+    arguments are for the backward."""
     opts = (ignore_index, label_smoothing, z_loss, softcap)
-    loss, lse, *_ = _run(hidden, weight, target, bias, opts, None, (False,) * 3, False,
-                         _path_of(hidden), final=True)  # fmt: skip
+    loss, lse, *_ = _run(hidden, weight, target, bias, opts, None, (False,) * 3,
+                         (fp32_accumulate, chunk_size), _path_of(hidden), final=True)  # fmt: skip
     return loss, lse
 
 
 @linear_ce_fwd.register_fake
-def _(hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap, lean):
+def _(hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap,
+      fp32_accumulate, chunk_size):  # fmt: skip
     n = hidden.shape[0]
     return hidden.new_empty(n, dtype=torch.float32), hidden.new_empty(n, dtype=torch.float32)
 
@@ -206,18 +219,19 @@ def _(hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, softc
 @torch.library.custom_op("fusewise::linear_ce_bwd", mutates_args=())
 def linear_ce_bwd(grad_tok: Tensor, hidden: Tensor, weight: Tensor, target: Tensor,
                   bias: Tensor | None, ignore_index: int, label_smoothing: float,
-                  z_loss: float, softcap: float | None,
-                  lean: bool) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+                  z_loss: float, softcap: float | None, fp32_accumulate: bool,
+                  chunk_size: int) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """reduction="none"'s backward: recompute each chunk's logits, gradients scaled per token."""
     opts = (ignore_index, label_smoothing, z_loss, softcap)
     need = (True, True, bias is not None)
-    _, _, dh, dw, db = _run(hidden, weight, target, bias, opts, grad_tok, need, lean,
-                            _path_of(hidden), final=True)  # fmt: skip
+    _, _, dh, dw, db = _run(hidden, weight, target, bias, opts, grad_tok, need,
+                            (fp32_accumulate, chunk_size), _path_of(hidden), final=True)  # fmt: skip
     return dh, dw, db if db is not None else hidden.new_empty(0)
 
 
 @linear_ce_bwd.register_fake
-def _(grad_tok, hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap, lean):
+def _(grad_tok, hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap,
+      fp32_accumulate, chunk_size):  # fmt: skip
     db = torch.empty_like(bias) if bias is not None else hidden.new_empty(0)
     return torch.empty_like(hidden), torch.empty_like(weight), db
 
@@ -233,7 +247,7 @@ def _backward_none(ctx, grad_tok, _grad_lse):
     hidden, weight, target, bias = ctx.saved_tensors
     dh, dw, db = linear_ce_bwd(grad_tok.float().contiguous(), hidden, weight, target, bias,
                                *ctx.opts)  # fmt: skip
-    return dh, dw, None, (db if bias is not None else None), None, None, None, None, None
+    return dh, dw, None, (db if bias is not None else None), *([None] * 6)
 
 
 torch.library.register_autograd("fusewise::linear_ce_fwd", _backward_none,
@@ -243,15 +257,16 @@ torch.library.register_autograd("fusewise::linear_ce_fwd", _backward_none,
 @torch.library.custom_op("fusewise::linear_ce_fused", mutates_args=())
 def linear_ce_fused(hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None,
                     ignore_index: int, mean: bool, label_smoothing: float, z_loss: float,
-                    softcap: float | None, lean: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
-    """Reduced loss ("mean" or "sum") and its gradients for grad_output = 1, in one pass, in
-    their accumulators' dtype (fp32 unless lean; the backward scales and rounds them)."""
+                    softcap: float | None, fp32_accumulate: bool,
+                    chunk_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """Reduced loss ("mean" or "sum") and its gradients for grad_output = 1, in one pass, held
+    as _run(final=False) leaves them (the backward scales and rounds them)."""
     opts = (ignore_index, label_smoothing, z_loss, softcap)
     reduction = "mean" if mean else "sum"
     need = (True, True, bias is not None)
     loss, _, dh, dw, db = _run(hidden, weight, target, bias, opts,
-                               _token_scale(target, ignore_index, reduction), need, lean,
-                               _path_of(hidden), final=False)  # fmt: skip
+                               _token_scale(target, ignore_index, reduction), need,
+                               (fp32_accumulate, chunk_size), _path_of(hidden), final=False)  # fmt: skip
     return (
         _reduce(loss, target, ignore_index, reduction),
         dh,
@@ -261,18 +276,13 @@ def linear_ce_fused(hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor
 
 
 @linear_ce_fused.register_fake
-def _(hidden, weight, target, bias, ignore_index, mean, label_smoothing, z_loss, softcap, lean):
-    acc = hidden.dtype if lean or hidden.dtype == torch.float32 else torch.float32
-    db = (
-        bias.new_empty(bias.shape, dtype=torch.float32) if bias is not None else hidden.new_empty(0)
-    )
+def _(hidden, weight, target, bias, ignore_index, mean, label_smoothing, z_loss, softcap,
+      fp32_accumulate, chunk_size):  # fmt: skip
+    wide = torch.promote_types(hidden.dtype, torch.float32)
+    db = bias.new_empty(bias.shape, dtype=wide) if bias is not None else hidden.new_empty(0)
+    dw = weight.new_empty(weight.shape, dtype=wide if fp32_accumulate else weight.dtype)
     loss = hidden.new_empty((), dtype=torch.float32)
-    return (
-        loss,
-        hidden.new_empty(hidden.shape, dtype=acc),
-        weight.new_empty(weight.shape, dtype=acc),
-        db,
-    )
+    return loss, hidden.new_empty(hidden.shape, dtype=wide), dw, db
 
 
 def _setup_fused(ctx, inputs, output):
@@ -285,7 +295,7 @@ def _setup_fused(ctx, inputs, output):
 def _backward_fused(ctx, grad_loss, *_):
     dh, dw, db = ((x * grad_loss).to(d) if d is not None else None
                   for x, d in zip(ctx.saved_tensors, ctx.dtypes))  # fmt: skip
-    return dh, dw, None, db, *([None] * 6)
+    return dh, dw, None, db, *([None] * 7)
 
 
 torch.library.register_autograd("fusewise::linear_ce_fused", _backward_fused,
@@ -295,7 +305,8 @@ torch.library.register_autograd("fusewise::linear_ce_fused", _backward_fused,
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None,
                          *, ignore_index: int = -100, reduction: str = "mean",
                          label_smoothing: float = 0.0, z_loss: float = 0.0,
-                         softcap: float | None = None, lean: bool = False) -> Tensor:  # fmt: skip
+                         softcap: float | None = None, fp32_accumulate: bool = False,
+                         chunk_size: int | None = None) -> Tensor:  # fmt: skip
     """Cross-entropy of `hidden @ weight.T + bias` against `target` without the full logits.
 
     hidden [N, d] or [B, T, d]; weight [V, d]; target [N] or [B, T] (int64, in [0, V) or
@@ -303,9 +314,15 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: T
     With every token ignored, "mean" gives 0 and zero gradients (torch gives nan). On a GPU a
     non-ignored target outside [0, V) makes the loss NaN (raising would need a host sync); on the
     CPU it raises. For "mean"/"sum" the gradients are computed in the forward (when any input
-    requires grad) and one backward per call is supported. lean=True: see the module docstring.
+    requires grad) and one backward per call is supported.
+
+    fp32_accumulate: sum the weight gradient over chunks in fp32 (as accurate as eager; 4 bytes
+    per weight element more); default: in the weight's dtype. chunk_size: tokens per chunk
+    (default: 256 MiB of logits); larger is faster and takes more memory.
     """
     _check(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, z_loss, softcap)
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
     lead = target.shape
     h2, t1 = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
     if h2.stride(-1) != 1 or h2.stride(0) != h2.shape[1]:
@@ -313,18 +330,19 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: T
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
     opts = (int(ignore_index), float(label_smoothing), float(z_loss),
             None if softcap is None else float(softcap))  # fmt: skip
+    cfg = (bool(fp32_accumulate), int(chunk_size or 0))
     if torch.compiler.is_compiling():
         wants_grad = torch.is_grad_enabled() and any(
             x is not None and x.requires_grad for x in (h2, weight, bias)
         )
         if wants_grad and reduction != "none":
             return linear_ce_fused(h2, weight, t1, bias, opts[0], reduction == "mean", *opts[1:],
-                                   bool(lean))[0]  # fmt: skip
-        loss_tok, _ = linear_ce_fwd(h2, weight, t1, bias, *opts, bool(lean))
+                                   *cfg)[0]  # fmt: skip
+        loss_tok, _ = linear_ce_fwd(h2, weight, t1, bias, *opts, *cfg)
         out = _reduce(loss_tok, t1, ignore_index, reduction)
     else:
         path = _dispatch.choose_path("linear_cross_entropy", h2, weight)
-        out = _LinearCE.apply(h2, weight, t1, bias, reduction, opts, bool(lean), path)
+        out = _LinearCE.apply(h2, weight, t1, bias, reduction, opts, cfg, path)
     return out.view(lead) if reduction == "none" else out
 
 
