@@ -5,7 +5,8 @@ naive=True: LayerNorm written as mean / variance / normalise passes, attention w
 F.cross_entropy, and a per-parameter AdamW loop (torch.optim.AdamW(foreach=False)).
 variant="clean": what torch already runs fused (nn.LayerNorm, scaled_dot_product_attention,
 torch.optim.AdamW(fused=True)); variant="fusewise": the fixes from this package
-(fusewise.nn.LayerNorm, SDPA, fusewise.optim.AdamW). The diagnosis demo and its tests run them.
+(fusewise.nn.LayerNorm, SDPA, fusewise.ops.linear_cross_entropy, fusewise.optim.AdamW). The
+diagnosis demo and its tests run them.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class NaiveLayerNorm(nn.Module):
 class Block(nn.Module):
     def __init__(self, c: GPTConfig, variant: str):
         super().__init__()
-        self.c, self.naive = c, variant == "naive"
+        self.c, self.naive, self.variant = c, variant == "naive", variant
         if variant == "naive":
             norm = NaiveLayerNorm
         elif variant == "fusewise":
@@ -83,7 +84,7 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, c: GPTConfig, variant: str = "naive"):
         super().__init__()
-        self.c, self.naive = c, variant == "naive"
+        self.c, self.naive, self.variant = c, variant == "naive", variant
         self.embed = nn.Embedding(c.vocab, c.d_model)
         self.pos = nn.Parameter(torch.zeros(c.seq, c.d_model))
         self.blocks = nn.ModuleList(Block(c, variant) for _ in range(c.layers))
@@ -93,6 +94,10 @@ class GPT(nn.Module):
         x = self.embed(idx) + self.pos[: idx.shape[1]]
         for blk in self.blocks:
             x = blk(x)
+        if self.variant == "fusewise":  # the loss without the [B·T, V] logits
+            from fusewise.ops import linear_cross_entropy
+
+            return linear_cross_entropy(x, self.head.weight, targets)
         logits = self.head(x)
         if self.naive:
             logits = logits.float()  # the fp32 copy of the largest tensor in the step
