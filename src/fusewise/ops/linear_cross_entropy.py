@@ -20,9 +20,9 @@ the logits (four matmuls).
 The weight gradient sums over chunks. By default it accumulates in the weight's dtype (one
 rounding per chunk, as Liger does): on the H200 at N=4096, V=32768 with 16 chunks its error
 against float64 was 1.14x that of the full-logits formula (and below F.cross_entropy on bf16
-logits); benchmarks/results/h200_linear_ce.csv. fp32_accumulate=True keeps an fp32 accumulator
-and rounds once (as accurate as eager) for 4 more bytes per weight element (2.1 GB at V=128256,
-d=4096) and ~8% more time. dhidden is complete per chunk and kept in fp32 until the backward
+logits); benchmarks/results/h200_linear_ce_profile.csv. fp32_accumulate=True keeps an fp32
+accumulator and rounds once (as accurate as eager) for 4 more bytes per weight element (2.1 GB
+at V=128256, d=4096) and 5-7% more time. dhidden is complete per chunk and kept in fp32 until the backward
 scales it, so it is rounded once either way.
 
 No host sync: the count of non-ignored tokens stays on the device, so the op compiles with
@@ -39,10 +39,13 @@ from torch import Tensor
 from . import _dispatch
 from ._linear_ce_rows import ce_rows_torch, ce_rows_triton, scale_into
 
-# Tokens per chunk: as many as fit CHUNK_BYTES of logits in the input dtype (1024 at V=128256
-# in bf16), in whole GEMM tiles. H200, N=16384, lean: 128 MiB chunks 93.0 ms, 256 MiB 85.5,
-# 512 MiB 82.8 (each chunk re-reads and re-writes the weight-gradient accumulator).
-CHUNK_BYTES = 256 << 20
+# Tokens per chunk: as many as fit CHUNK_BYTES of logits in the input dtype (2048 at V=128256
+# in bf16), in whole GEMM tiles. Each chunk re-reads and re-writes the weight-gradient
+# accumulator, so larger chunks are faster and take more memory. H200, N=16384, d=4096,
+# V=128256, against 77.7 ms for three bare cuBLAS matmuls in the same run: 1024 tokens 84.8 ms /
+# 1.58 GB peak extra, 2048 tokens 81.8 ms / 1.84 GB, 4096 tokens 81.6 ms / 2.37 GB
+# (benchmarks/results/h200_linear_ce.csv).
+CHUNK_BYTES = 512 << 20
 _REDUCTIONS = ("mean", "sum", "none")
 _fp32_out_gemm = True  # torch.ops.aten.{mm,addmm}.dtype_out on CUDA; cleared if it fails
 
@@ -318,7 +321,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: T
 
     fp32_accumulate: sum the weight gradient over chunks in fp32 (as accurate as eager; 4 bytes
     per weight element more); default: in the weight's dtype. chunk_size: tokens per chunk
-    (default: 256 MiB of logits); larger is faster and takes more memory.
+    (default: 512 MiB of logits, 2048 tokens at V=128256 in bf16); larger is faster and takes
+    more memory.
     """
     _check(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, z_loss, softcap)
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
