@@ -59,11 +59,11 @@ def diagnose(step, steps: int = 5, warmup: int = 2, *, restore=(), ceilings=None
                 step()
             _sync(cuda)
         op_ms = op_times(prof, steps, cuda)
-        t0 = time.perf_counter()
         with Recorder() as rec:
+            t0 = time.perf_counter()  # the recorded step itself: not the profiler's start/stop
             step()
             _sync(cuda)
-        captured_ms = (time.perf_counter() - t0) * 1e3
+            captured_ms = (time.perf_counter() - t0) * 1e3
     finally:
         for obj, state in saved:
             obj.load_state_dict(state)
