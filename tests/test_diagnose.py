@@ -238,3 +238,27 @@ def test_gpu_op_times_are_device_time_not_host_gaps():
     assert len(tiny) == 100 and 0 < tiny[50] < 0.02, tiny[50]
     mm = next(op.ms for op in ops if op.name.startswith("aten.mm"))
     assert 0.7 * alone < mm < 1.3 * alone, (mm, alone)
+
+
+def test_attention_fallback_is_found_only_on_the_math_path():
+    """SDPA runs a fused kernel on the CPU too; forcing torch's math backend makes it write the
+    [B, H, S, S] scores out, which is the finding (with the mask named as a likely cause)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from fusewise.diagnose.attention import find_attention_fallback
+
+    q = torch.randn(2, 4, 256, 16)
+    mask = torch.ones(256, 256, dtype=torch.bool).tril()
+    ceil = Ceilings("test", "cpu", 100.0, 1.0, "test")
+    with Recorder() as fused:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    assert fused.graph.attention[0]["kernel"] is not None
+    assert find_attention_fallback(fused.graph, ceil) == []
+    with sdpa_kernel(SDPBackend.MATH), Recorder() as rec:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    (f,) = find_attention_fallback(rec.graph, ceil)
+    assert f.kind == "attention-fallback" and "test_diagnose.py" in f.where
+    assert "attn_mask" in f.title and f.evidence["mask"] == "bool [256, 256]"
+    scores = 2 * 4 * 256 * 256 * 4
+    assert f.bytes_avoidable > 2 * scores  # scores and probabilities at least written and read
+    assert OpGraph.from_json(rec.graph.to_json()).attention == rec.graph.attention

@@ -96,6 +96,7 @@ def _diagnose_script(console: Console, args) -> int:
     from . import hardware
     from .capture.script import StepObserver
     from .diagnose.driver import build_report, op_times
+    from .diagnose.timeline import timeline_from_profiler
 
     if args.steps < 1 or args.warmup < 0:
         console.print("[red]--steps must be >= 1 and --warmup >= 0[/]")
@@ -131,7 +132,8 @@ def _diagnose_script(console: Console, args) -> int:
     ceil = hardware.ceilings("cuda" if obs.cuda else "cpu")
     report = build_report(obs.recorder.graph, op_times(obs.prof, args.steps, obs.cuda),
                           obs.times_ms, obs.peak, ceil, obs.captured_ms,
-                          extra_findings=extra_findings, scaling_ran=bool(sizes))  # fmt: skip
+                          extra_findings=extra_findings, scaling_ran=bool(sizes),
+                          timeline=timeline_from_profiler(obs.prof, args.steps))  # fmt: skip
     report.render(console)
     if args.json:
         report.save_json(args.json)

@@ -70,6 +70,9 @@ class OpRecord:
 class OpGraph:
     ops: list[OpRecord] = field(default_factory=list)
     values: dict[int, Value] = field(default_factory=dict)
+    # one entry per F.scaled_dot_product_attention call: where, which aten op ran it (None: the
+    # math path, written out as matmuls and a softmax), the ops it made, and its arguments
+    attention: list[dict] = field(default_factory=list)
 
     def view_bases(self) -> dict[int, int]:
         """value id of each view -> the value it is a view of, resolved to the base (a view of a
@@ -86,7 +89,8 @@ class OpGraph:
 
     def to_json(self) -> str:
         return json.dumps({"ops": [asdict(o) for o in self.ops],
-                           "values": [asdict(v) for v in self.values.values()]})  # fmt: skip
+                           "values": [asdict(v) for v in self.values.values()],
+                           "attention": self.attention})  # fmt: skip
 
     @classmethod
     def from_json(cls, text: str) -> OpGraph:
@@ -94,7 +98,7 @@ class OpGraph:
         values = {v["vid"]: Value(v["vid"], tuple(v["shape"]), v["dtype"], v["nbytes"], v["obj"],
                                   v.get("device", "cpu"))
                   for v in d["values"]}  # fmt: skip
-        return cls([OpRecord(**o) for o in d["ops"]], values)
+        return cls([OpRecord(**o) for o in d["ops"]], values, d.get("attention", []))
 
 
 def user_line(skip_dirs=(_TORCH_DIR, _FUSEWISE_DIR)) -> str:
@@ -143,6 +147,39 @@ class _LineOfNode(TorchFunctionMode):
 
 
 _RANGE = "fusewise.op#"
+_SDPA = (
+    torch.nn.functional.scaled_dot_product_attention,
+    torch._C._nn.scaled_dot_product_attention,
+)
+_FUSED_SDPA = ("_flash_attention", "_efficient_attention", "_cudnn_attention")
+
+
+class _AttentionCalls(TorchFunctionMode):
+    """Notes each scaled_dot_product_attention call and the aten op that ran it: a fused kernel
+    (flash, memory-efficient, cuDNN) or none (torch's math fallback, [.., S, S] in memory)."""
+
+    def __init__(self, rec: Recorder):
+        super().__init__()
+        self.rec = rec
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in _SDPA:
+            return func(*args, **kwargs)
+        start = len(self.rec.graph.ops)
+        out = func(*args, **kwargs)
+        ops = self.rec.graph.ops[start:]
+        q = args[0]
+        mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+        self.rec.graph.attention.append(dict(
+            where=user_line(), ops=[start, len(self.rec.graph.ops)],
+            kernel=next((op.name for op in ops if any(f in op.name for f in _FUSED_SDPA)), None),
+            shape=list(q.shape), dtype=str(q.dtype).replace("torch.", ""), device=q.device.type,
+            mask=None if mask is None else f"{str(mask.dtype).replace('torch.', '')} "
+                                           f"{list(mask.shape)}",
+            dropout=float(kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)),
+            is_causal=bool(kwargs.get("is_causal", args[5] if len(args) > 5 else False))))  # fmt: skip
+        return out
 
 
 class _Dispatch(TorchDispatchMode):
@@ -266,7 +303,7 @@ class Recorder:
                 self._prof.__enter__()
             except RuntimeError:  # another profiler is running: fall back to CUDA events
                 self._prof = None
-        self._modes = [_LineOfNode(self._node_lines), _Dispatch(self)]
+        self._modes = [_LineOfNode(self._node_lines), _AttentionCalls(self), _Dispatch(self)]
         for m in self._modes:
             m.__enter__()
         return self

@@ -18,10 +18,12 @@ import torch
 from .. import hardware
 from ..capture.opgraph import Recorder
 from ..report import Report
+from .attention import find_attention_fallback
 from .breakdown import top_ops
 from .chains import find_chains
 from .quadratic import find_quadratic
 from .syncs import find_syncs
+from .timeline import find_gaps, timeline_from_profiler
 
 
 def _sync(cuda: bool) -> None:
@@ -59,6 +61,7 @@ def diagnose(step, steps: int = 5, warmup: int = 2, *, restore=(), ceilings=None
                 step()
             _sync(cuda)
         op_ms = op_times(prof, steps, cuda)
+        timeline = timeline_from_profiler(prof, steps)
         with Recorder() as rec:
             t0 = time.perf_counter()  # the recorded step itself: not the profiler's start/stop
             step()
@@ -67,7 +70,8 @@ def diagnose(step, steps: int = 5, warmup: int = 2, *, restore=(), ceilings=None
     finally:
         for obj, state in saved:
             obj.load_state_dict(state)
-    return build_report(rec.graph, op_ms, times, peak, ceil, captured_ms, top=top)
+    return build_report(rec.graph, op_ms, times, peak, ceil, captured_ms, top=top,
+                        timeline=timeline)  # fmt: skip
 
 
 def op_times(prof, steps: int, cuda: bool) -> dict[str, float]:
@@ -81,7 +85,7 @@ def op_times(prof, steps: int, cuda: bool) -> dict[str, float]:
 
 def build_report(graph, op_ms: dict[str, float], times_ms: list[float], peak, ceil,
                  captured_ms: float, *, top: int = 10, extra_findings=(),
-                 scaling_ran: bool = False) -> Report:  # fmt: skip
+                 scaling_ran: bool = False, timeline=None) -> Report:  # fmt: skip
     """Run the analyzers on what was observed and assemble the Report (also used by the CLI's
     script runner, which observes steps differently and may add the memory-scaling findings)."""
     median_ms = statistics.median(times_ms)
@@ -93,16 +97,18 @@ def build_report(graph, op_ms: dict[str, float], times_ms: list[float], peak, ce
     findings = list(extra_findings)
     for name, analyzer in (("fusion-chains", lambda: find_chains(graph, ceil)),
                            ("quadratic-intermediates", lambda: find_quadratic(graph)),
-                           ("host-syncs", lambda: find_syncs(graph))):  # fmt: skip
+                           ("attention-fallback", lambda: find_attention_fallback(graph, ceil)),
+                           ("host-syncs and timeline gaps",
+                            lambda: find_gaps(timeline, graph, find_syncs(graph)))):  # fmt: skip
         try:
             findings += analyzer()
         except Exception as e:  # one analyzer's bug must not cost the user the whole report
             skipped.append({"analysis": name, "reason": f"failed: {type(e).__name__}: {e}"})
     findings.sort(key=lambda f: -f.est_saving_ms)
-    skipped.append(
-        {"analysis": "gaps (idle time, launch overhead), data-loading, attention-fallback",
-         "reason": "not implemented in this version of fusewise; host syncs are found from the "
-         "op graph, but the idle time they cost needs the timeline"})  # fmt: skip
+    if timeline is None:
+        skipped.append(
+            {"analysis": "timeline gaps (launch overhead, sync idle, data loading, idle host)",
+             "reason": "no device activity in the profile (a CPU step): nothing waits on a GPU"})  # fmt: skip
     return Report(
         device={"name": ceil.device_name, "type": ceil.device_type,
                 "bandwidth_GBps": ceil.bandwidth_GBps, "matmul_TFLOPs": ceil.matmul_TFLOPs,

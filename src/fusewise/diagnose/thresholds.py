@@ -20,3 +20,18 @@ QUADRATIC_MIN_BYTES = 1 << 20
 # easily on a GPU, a feed-forward block's activation (about a fifth of its matmul time on an H200
 # in bf16) does not.
 CHAIN_MIN_SHARE_OF_MATMUL = 0.25
+
+# Timeline gaps (diagnose/timeline.py). A gap between device intervals shorter than this is the
+# GPU waiting for the next launch: eager PyTorch spends some 5-30 us of host time per op, so a
+# run of small kernels leaves gaps of that order; longer gaps are host work of another kind.
+LAUNCH_GAP_MAX_US = 100.0
+# A host wait on the device (cudaStreamSynchronize, ...) that ends this close before a gap
+# starts (or inside it) explains the gap: profiler host and device clocks agree to a few us.
+SYNC_SLACK_US = 20.0
+# Report a cause of idle time only if it costs at least this much per step and this share of the
+# step: below that the gain is lost in run-to-run noise.
+GAP_MIN_MS = 0.05
+GAP_MIN_SHARE = 0.02
+# An op shorter than this on the device is launch-bound on any current GPU (a launch costs
+# several us of host time); the launch-overhead finding names the lines with most of them.
+SHORT_OP_US = 10.0

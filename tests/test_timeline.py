@@ -1,0 +1,135 @@
+"""Timeline gaps: every idle stretch of the GPU under one cause (launch overhead, a host sync,
+the DataLoader, other host work), costed per step. Synthetic timelines (microseconds) keep the
+classification exact on the CPU; a GPU-only test profiles a real step."""
+
+import pytest
+import torch
+
+from fusewise.capture.opgraph import OpGraph, OpRecord, Value
+from fusewise.diagnose import thresholds as T
+from fusewise.diagnose.findings import Finding
+from fusewise.diagnose.timeline import Timeline, classify, find_gaps, timeline_from_profiler
+
+
+def kernels(start, n, dur, gap):
+    return [(start + i * (dur + gap), start + i * (dur + gap) + dur, "k") for i in range(n)]
+
+
+def synthetic(steps=2):
+    """Per step, laid end to end: 100 kernels of 5 us with 15 us launch gaps, then a sync that
+    returns as the GPU drains and a 300 us gap, a 400 us gap mostly inside a DataLoader
+    __next__, a 250 us gap while the host runs an aten op."""
+    device, syncs, loader, host = [], [], [], []
+    t = 0.0
+    for _ in range(steps):
+        ks = kernels(t, 100, 5.0, 15.0)
+        device += ks
+        t = ks[-1][1]
+        syncs.append((t - 50, t + 2, "cudaStreamSynchronize"))
+        device.append((t + 300, t + 310, "k"))
+        t += 310
+        loader.append((t + 5, t + 395))
+        device.append((t + 400, t + 410, "k"))
+        t += 410
+        host.append((t + 10, t + 240, "aten::copy_"))
+        device.append((t + 250, t + 260, "k"))
+        t += 260
+    return Timeline((0.0, t), device, syncs, loader, host, steps)
+
+
+def graph_with_short_ops():
+    values = {0: Value(0, (8,), "float32", 32, device="cuda")}
+    ops = [OpRecord(i, "aten.add.Tensor", "forward", [0], [0], 8.0, 96.0,
+                    "train.py:7" if i < 5 else "train.py:9") for i in range(8)]  # fmt: skip
+    for op in ops:
+        op.ms = 0.004
+    return OpGraph(ops, values)
+
+
+def test_every_gap_gets_its_cause():
+    causes = classify(synthetic(steps=2))
+    total = {k: sum(g1 - g0 for g0, g1 in v) for k, v in causes.items()}
+    assert len(causes["launch-overhead"]) == 2 * 99 and total["launch-overhead"] == 2 * 99 * 15
+    assert total["host-sync"] == 2 * 300  # the whole gap: the sync drained the queue
+    assert total["data-loading"] == 2 * 400
+    assert total["idle-gap"] == 2 * 250
+
+
+def test_findings_cost_the_idle_time_per_step_and_name_lines():
+    sync = Finding(kind="host-sync", title="1 sync", where="train.py:20", est_saving_ms=0.0,
+                   bytes_avoidable=0.0, fix="...", evidence={"syncs_per_step": 1})  # fmt: skip
+    found = {f.kind: f for f in find_gaps(synthetic(), graph_with_short_ops(), [sync])}
+    assert set(found) == {"launch-overhead", "host-sync", "data-loading", "idle-gap"}
+    assert found["launch-overhead"].est_saving_ms == pytest.approx(99 * 15 / 1e3)
+    assert found["launch-overhead"].where == "train.py:7"  # most short ops
+    assert found["host-sync"].where == "train.py:20"
+    assert found["host-sync"].est_saving_ms == pytest.approx(0.300)
+    assert found["data-loading"].est_saving_ms == pytest.approx(0.400)
+    assert found["idle-gap"].evidence["host_during_largest"][0] == "aten::copy_"
+    assert found["launch-overhead"].evidence["step_window_ms"] == pytest.approx(
+        synthetic().window[1] / 2e3
+    )
+
+
+def test_sync_idle_is_shared_by_syncs_per_step_and_unseen_syncs_get_a_finding():
+    mk = lambda where, n: Finding(kind="host-sync", title="", where=where, est_saving_ms=0.0,  # noqa: E731
+                                  bytes_avoidable=0.0, fix="", evidence={"syncs_per_step": n})  # fmt: skip
+    out = {f.where: f for f in find_gaps(synthetic(), graph_with_short_ops(),
+                                         [mk("a.py:1", 3), mk("b.py:2", 1)])}  # fmt: skip
+    assert out["a.py:1"].est_saving_ms == pytest.approx(3 * out["b.py:2"].est_saving_ms)
+    assert out["a.py:1"].est_saving_ms + out["b.py:2"].est_saving_ms == pytest.approx(0.3)
+    unseen = [
+        f for f in find_gaps(synthetic(), graph_with_short_ops(), []) if f.kind == "host-sync"
+    ]
+    assert len(unseen) == 1 and "cudaStreamSynchronize" in unseen[0].title
+
+
+def test_small_idle_is_not_a_finding_and_no_timeline_changes_nothing():
+    tl = Timeline((0.0, 10_000.0), kernels(0.0, 10, 990.0, 10.0) + [(9990.0, 10_000.0, "k")])
+    assert sum(g1 - g0 for g in classify(tl).values() for g0, g1 in g) == 90.0
+    assert find_gaps(tl, graph_with_short_ops(), []) == []  # 0.1 ms of 10: under GAP_MIN_SHARE
+    assert 0.09 < T.GAP_MIN_SHARE * 10
+    sync = Finding(kind="host-sync", title="", where="x:1", est_saving_ms=0.0, bytes_avoidable=0.0,
+                   fix="", evidence={"syncs_per_step": 1})  # fmt: skip
+    assert find_gaps(None, graph_with_short_ops(), [sync]) == [sync]
+
+
+@pytest.mark.gpu
+def test_a_real_step_shows_launch_overhead_sync_idle_and_loader_waits():
+    import time
+
+    from fusewise.capture.opgraph import Recorder
+
+    class SlowData(torch.utils.data.Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            time.sleep(0.002)
+            return torch.randn(256)
+
+    it = iter(torch.utils.data.DataLoader(SlowData(), batch_size=1))
+    x = torch.randn(256, device="cuda")
+
+    def step():
+        y = next(it).cuda() + x
+        for _ in range(200):
+            y = y * 1.0001 + 1e-4  # tiny kernels: launch-bound
+        y.sum().item()  # a sync
+        torch.cuda._sleep(2_000_000)  # ~1 ms of device work after it
+
+    step()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:  # fmt: skip
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    tl = timeline_from_profiler(prof, 3)
+    with Recorder() as rec:
+        step()
+    from fusewise.diagnose.syncs import find_syncs
+
+    found = {f.kind: f for f in find_gaps(tl, rec.graph, find_syncs(rec.graph))}
+    assert {"launch-overhead", "data-loading"} <= set(found)
+    assert found["data-loading"].est_saving_ms > 1.0  # 2 ms of sleep per batch
+    assert "test_timeline.py" in found["launch-overhead"].where
