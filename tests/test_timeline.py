@@ -66,9 +66,23 @@ def test_findings_cost_the_idle_time_per_step_and_name_lines():
     assert found["host-sync"].est_saving_ms == pytest.approx(0.300)
     assert found["data-loading"].est_saving_ms == pytest.approx(0.400)
     assert found["idle-gap"].evidence["host_during_largest"][0] == "aten::copy_"
-    assert found["launch-overhead"].evidence["step_window_ms"] == pytest.approx(
+    assert found["launch-overhead"].evidence["profiled_step_ms"] == pytest.approx(
         synthetic().window[1] / 2e3
     )
+
+
+def test_idle_time_is_scaled_to_the_plain_step():
+    """The profiled step ran slower than the plain one: idle times shrink by the ratio."""
+    tl = synthetic()
+    window_ms = tl.window[1] / 2e3
+    plain = {f.kind: f.est_saving_ms for f in find_gaps(tl, graph_with_short_ops(), [])}
+    half = {f.kind: f for f in find_gaps(tl, graph_with_short_ops(), [], step_ms=window_ms / 2)}
+    assert set(half) == set(plain)
+    for kind, ms in plain.items():
+        assert half[kind].est_saving_ms == pytest.approx(ms / 2)
+        assert half[kind].evidence["idle_scaled_by"] == 0.5
+    faster = find_gaps(tl, graph_with_short_ops(), [], step_ms=2 * window_ms)
+    assert {f.kind: f.est_saving_ms for f in faster} == pytest.approx(plain)  # never scaled up
 
 
 def test_sync_idle_is_shared_by_syncs_per_step_and_unseen_syncs_get_a_finding():

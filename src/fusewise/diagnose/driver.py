@@ -99,7 +99,8 @@ def build_report(graph, op_ms: dict[str, float], times_ms: list[float], peak, ce
                            ("quadratic-intermediates", lambda: find_quadratic(graph)),
                            ("attention-fallback", lambda: find_attention_fallback(graph, ceil)),
                            ("host-syncs and timeline gaps",
-                            lambda: find_gaps(timeline, graph, find_syncs(graph)))):  # fmt: skip
+                            lambda: find_gaps(timeline, graph, find_syncs(graph),
+                                              median_ms))):  # fmt: skip
         try:
             findings += analyzer()
         except Exception as e:  # one analyzer's bug must not cost the user the whole report

@@ -112,19 +112,27 @@ def _short_op_lines(graph: OpGraph, n: int = 3) -> list[tuple[str, int]]:
     return count.most_common(n)
 
 
-def find_gaps(tl: Timeline | None, graph: OpGraph, syncs: list[Finding]) -> list[Finding]:
+def find_gaps(tl: Timeline | None, graph: OpGraph, syncs: list[Finding],
+              step_ms: float | None = None) -> list[Finding]:  # fmt: skip
     """Findings from the timeline, and `syncs` (the op graph's host-sync findings) returned with
-    their measured idle time. Without a timeline (a CPU step) `syncs` comes back unchanged."""
+    their measured idle time. Without a timeline (a CPU step) `syncs` comes back unchanged.
+
+    The profiler slows the host (it records every op), which lengthens host-bound gaps: with
+    step_ms (the median unprofiled step) every idle time is scaled by step_ms / the profiled
+    step, when that is below 1. Both are in the evidence."""
     if tl is None:
         return list(syncs)
     causes = classify(tl)
-    per_step = {k: sum(g1 - g0 for g0, g1 in v) / 1e3 / tl.steps for k, v in causes.items()}
     window_ms = (tl.window[1] - tl.window[0]) / 1e3 / tl.steps
-    busy_ms = window_ms - sum(per_step.values())
-    common = dict(step_window_ms=round(window_ms, 3), gpu_busy_ms=round(busy_ms, 3))
+    scale = min(1.0, step_ms / window_ms) if step_ms else 1.0
+    per_step = {k: scale * sum(g1 - g0 for g0, g1 in v) / 1e3 / tl.steps
+                for k, v in causes.items()}  # fmt: skip
+    common = dict(profiled_step_ms=round(window_ms, 3), plain_step_ms=step_ms,
+                  idle_scaled_by=round(scale, 3),
+                  gpu_busy_ms_profiled=round(window_ms - sum(per_step.values()) / scale, 3))  # fmt: skip
 
     def worth(ms: float) -> bool:
-        return ms >= T.GAP_MIN_MS and ms >= T.GAP_MIN_SHARE * window_ms
+        return ms >= T.GAP_MIN_MS and ms >= T.GAP_MIN_SHARE * window_ms * scale
 
     out = []
     ms = per_step.get("launch-overhead", 0.0)
