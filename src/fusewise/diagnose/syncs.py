@@ -1,8 +1,8 @@
 """Host-device syncs from the op graph: ops that make the host wait for the GPU to drain its
 queue (a value read back: .item(), bool(t), float(t); a data-dependent shape: nonzero,
 masked_select, unique; a blocking copy to the CPU). Each is named with its line and counted per
-step. How long the GPU then sits idle needs the timeline (the gaps analysis, not built yet), so
-est_saving_ms is 0 and the evidence says so. Stateless: (OpGraph) -> list[Finding].
+step. How long the GPU then sits idle comes from the timeline (timeline.find_gaps fills in
+est_saving_ms on a GPU); from the op graph alone it is 0 and the evidence says so. Stateless: (OpGraph) -> list[Finding].
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def find_syncs(graph: OpGraph) -> list[Finding]:
             evidence=dict(
                 syncs_per_step=e["count"],
                 phase=e["phase"],
-                idle_time="not measured: needs the timeline (gaps analysis)",
+                idle_time="not measured: needs a GPU timeline",
             ),
         )  # fmt: skip
         for where, e in sorted(by_line.items(), key=lambda kv: -kv[1]["count"])
