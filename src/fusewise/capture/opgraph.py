@@ -101,15 +101,28 @@ class OpGraph:
         return cls([OpRecord(**o) for o in d["ops"]], values, d.get("attention", []))
 
 
-def user_line(skip_dirs=(_TORCH_DIR, _FUSEWISE_DIR)) -> str:
-    """path:line of the innermost frame outside torch and fusewise."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        path = frame.f_code.co_filename
+_SHOWN: dict[str, str | None] = {}  # code file -> how a line in it is shown (None: not user code)
+
+
+def _shown_path(path: str, skip_dirs) -> str | None:
+    if path not in _SHOWN:
         user = not path.startswith(skip_dirs) or path.startswith(_EXAMPLES_DIR)
         if user and not path.startswith("<"):
             rel = os.path.relpath(path)
-            return f"{path if rel.startswith('..') else rel}:{frame.f_lineno}"
+            _SHOWN[path] = path if rel.startswith("..") else rel
+        else:
+            _SHOWN[path] = None
+    return _SHOWN[path]
+
+
+def user_line(skip_dirs=(_TORCH_DIR, _FUSEWISE_DIR)) -> str:
+    """path:line of the innermost frame outside torch and fusewise. (Paths are cached per file:
+    the recorder asks for every op; the working directory is assumed not to change meanwhile.)"""
+    frame = sys._getframe(1)
+    while frame is not None:
+        shown = _shown_path(frame.f_code.co_filename, skip_dirs)
+        if shown is not None:
+            return f"{shown}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
 
@@ -147,6 +160,25 @@ class _LineOfNode(TorchFunctionMode):
 
 
 _RANGE = "fusewise.op#"
+_SCHEMAS: dict = {}
+
+
+def _schema_of(func):
+    """(name, argument names, whether each argument is written, is_view) of an aten overload,
+    cached: the recorder asks for every op of a step."""
+    if func not in _SCHEMAS:
+        schema, name = func._schema, str(func)
+        is_view = (
+            name.startswith(_VIEW_LIKE)
+            or bool(schema.returns)
+            and all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+        )
+        _SCHEMAS[func] = (name, [a.name for a in schema.arguments],
+                          [a.alias_info is not None and a.alias_info.is_write
+                           for a in schema.arguments], is_view)  # fmt: skip
+    return _SCHEMAS[func]
+
+
 _SDPA = (
     torch.nn.functional.scaled_dot_product_attention,
     torch._C._nn.scaled_dot_product_attention,
@@ -241,36 +273,35 @@ class Recorder:
     def _record(self, func, args, kwargs, out, timer=None) -> None:
         if func.namespace == "profiler":
             return  # record_function markers, not work
-        schema = func._schema
+        name, arg_names, arg_writes, is_view = _schema_of(func)
         written = set()
         flat_args = []
-        for a, val in zip(schema.arguments, list(args) + [kwargs.get(a.name) for a in
-                                                          schema.arguments[len(args):]]):  # fmt: skip
-            tensors = [val] if isinstance(val, torch.Tensor) else (
-                [x for x in val if isinstance(x, torch.Tensor)] if isinstance(val, (list, tuple)) else [])  # fmt: skip
+        vals = list(args) + [kwargs.get(n) for n in arg_names[len(args) :]]
+        for val, is_write in zip(vals, arg_writes):
+            if isinstance(val, torch.Tensor):
+                tensors = [val]
+            elif isinstance(val, (list, tuple)):
+                tensors = [x for x in val if isinstance(x, torch.Tensor)]
+            else:
+                continue
             flat_args += tensors
-            if a.alias_info is not None and a.alias_info.is_write:
+            if is_write:
                 written.update(id(t) for t in tensors)
         inputs = [self._value(t) for t in flat_args]
         outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
                 if isinstance(t, torch.Tensor)]  # fmt: skip
-        is_view = (
-            str(func).startswith(_VIEW_LIKE)
-            or bool(schema.returns)
-            and all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
-        )
         # in-place and out= writes make a new value of the same tensor object
         out_ids = [self._value(t, fresh=id(t) in written or not is_view) for t in outs]
         out_ids += [self._value(t, fresh=True) for t in flat_args
                     if id(t) in written and all(t is not o for o in outs)]  # fmt: skip
-        c = cost.aten_op(str(func), flat_args, outs, is_view=is_view, written=written)
+        c = cost.aten_op(name, flat_args, outs, is_view=is_view, written=written)
         node = torch._C._current_autograd_node()
         if node is not None:
             phase, where = "backward", self._node_lines.get(node, "?")
         else:
             phase = "optimizer" if self._in_optimizer else "forward"
             where = user_line()
-        self.graph.ops.append(OpRecord(len(self.graph.ops), str(func), phase, inputs, out_ids,
+        self.graph.ops.append(OpRecord(len(self.graph.ops), name, phase, inputs, out_ids,
                                        c.flops, c.bytes, where, is_view))  # fmt: skip
         if isinstance(timer, torch.cuda.Event):
             end = torch.cuda.Event(enable_timing=True)
