@@ -22,8 +22,8 @@ rounding per chunk, as Liger does): on the H200 at N=4096, V=32768 with 16 chunk
 against float64 was 1.14x that of the full-logits formula (and below F.cross_entropy on bf16
 logits); benchmarks/results/h200_linear_ce_profile.csv. fp32_accumulate=True keeps an fp32
 accumulator and rounds once (as accurate as eager) for 4 more bytes per weight element (2.1 GB
-at V=128256, d=4096) and 5-7% more time. dhidden is complete per chunk and kept in fp32 until the backward
-scales it, so it is rounded once either way.
+at V=128256, d=4096) and 3-6% more time. dhidden is complete per chunk and kept in fp32 until
+the backward scales it, so it is rounded once either way.
 
 No host sync: the count of non-ignored tokens stays on the device, so the op compiles with
 fullgraph=True and captures in a CUDA graph.
