@@ -1,5 +1,5 @@
 """Linear + cross-entropy, forward + backward: fusewise (default and fp32_accumulate=True, at
-several chunk sizes) against three bare cuBLAS matmuls of the same shapes (the floor PERF.md measures against),
+several chunk sizes) against three bare cuBLAS matmuls of the same shapes (PERF.md's floor),
 eager (fp32 and bf16 CE), torch.compile, Liger's fused linear CE and Apple's CCE, at hidden
 [N, 4096], weight [128256, 4096], bf16, N in 8192, 16384 (PERF.md's shape), 32768.
 

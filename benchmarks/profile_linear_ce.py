@@ -53,7 +53,8 @@ def row_kernel_sweep(rows):
         for block in (2048, 4096, 8192):
             for warps in (4, 8, 16):
                 R.PROGRAMS_PER_SM, R.BLOCK_V, R.ROW_WARPS = pps, block, warps
-                fn = lambda: R.ce_rows_triton(z, t, loss, lse, scale, (-100, 0.0, 0.0, None))  # noqa: E731
+                args = (z, t, loss, lse, scale, (-100, 0.0, 0.0, None))
+                fn = lambda: R.ce_rows_triton(*args)  # noqa: E731
                 try:
                     ms = triton.testing.do_bench(fn, warmup=20, rep=200, return_mode="median")
                 except Exception as e:  # a configuration that does not compile is skipped
@@ -91,8 +92,9 @@ def main():
     row_kernel_sweep(rows)
     for exact, chunk in ((False, 1024), (True, 1024), (False, 2048)):
         ms = breakdown(16384, exact, chunk)
-        rows.append(_rows.row("linear_cross_entropy", f"fusewise{'-fp32acc' if exact else ''}-chunk"
-                              f"{chunk}", "kernel_sum", f"16384x{B.D}x{B.V}", "bf16", ms, 0.0))  # fmt: skip
+        name = f"fusewise{'-fp32acc' if exact else ''}-chunk{chunk}"
+        rows.append(_rows.row("linear_cross_entropy", name, "kernel_sum", f"16384x{B.D}x{B.V}",
+                              "bf16", ms, 0.0))  # fmt: skip
         torch.cuda.empty_cache()
     print("# gradient error vs float64 by chunk count (N=4096, d=2048, V=32768)")
     for name, (eh, ew) in precision_vs_chunks():

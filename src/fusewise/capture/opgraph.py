@@ -210,7 +210,8 @@ class _AttentionCalls(TorchFunctionMode):
             mask=None if mask is None else f"{str(mask.dtype).replace('torch.', '')} "
                                            f"{list(mask.shape)}",
             dropout=float(kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)),
-            is_causal=bool(kwargs.get("is_causal", args[5] if len(args) > 5 else False))))  # fmt: skip
+            is_causal=bool(kwargs.get("is_causal", args[5] if len(args) > 5 else False)),
+        ))  # fmt: skip
         return out
 
 

@@ -110,7 +110,7 @@ def build_report(graph, op_ms: dict[str, float], times_ms: list[float], peak, ce
     if timeline is None:
         skipped.append(
             {"analysis": "timeline gaps (launch overhead, sync idle, data loading, idle host)",
-             "reason": "no device activity in the profile (a CPU step): nothing waits on a GPU"})  # fmt: skip
+             "reason": "no device activity in the profile (a CPU step)"})  # fmt: skip
     return Report(
         device={"name": ceil.device_name, "type": ceil.device_type,
                 "bandwidth_GBps": ceil.bandwidth_GBps, "matmul_TFLOPs": ceil.matmul_TFLOPs,
