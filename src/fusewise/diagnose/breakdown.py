@@ -1,12 +1,6 @@
-"""Breakdown and roofline: time, FLOPs and bytes per aten op, intensity against the ridge point,
-the bound, and % of that ceiling reached. Stateless: (op times, OpGraph, Ceilings, step ms) ->
-list of rows.
-
-Time comes from the recorded step's own per-op times when it has them (device time of each op's
-kernels on a GPU), so each row's time and bytes cover the same ops; else from the profiler's
-per-name totals. Joining profiler names to the graph's bytes went wrong on the H200: the
-gradient sums the autograd engine makes (aten::add in the op graph) were not under aten::add in
-the profiler, and the row showed 164% of the bandwidth ceiling."""
+"""Breakdown and roofline: time per aten op (from the profiler), FLOPs and bytes per op (from the
+op graph), intensity against the ridge point, the bound, and % of that ceiling reached.
+Stateless: (op times, OpGraph, Ceilings, step ms, steps) -> list of rows."""
 
 from __future__ import annotations
 
@@ -22,18 +16,13 @@ def profiler_name(aten: str) -> str:
 
 
 def top_ops(op_ms: dict[str, float], graph: OpGraph, ceilings, step_ms: float, n: int = 10):
-    """op_ms: profiler name -> ms per step (used when the graph carries no per-op times). Rows
-    for the n most expensive ops of the graph."""
+    """op_ms: profiler name -> ms per step. Rows for the n most expensive ops of the graph."""
     flops: dict[str, float] = defaultdict(float)
     nbytes: dict[str, float] = defaultdict(float)
-    graph_ms: dict[str, float] = defaultdict(float)
     for op in graph.ops:
         key = profiler_name(op.name)
         flops[key] += op.flops
         nbytes[key] += op.bytes
-        graph_ms[key] += op.ms
-    if any(ms > 0 for ms in graph_ms.values()):
-        op_ms = graph_ms
     rows = []
     for name, ms in sorted(op_ms.items(), key=lambda kv: -kv[1]):
         if name not in nbytes or ms <= 0:

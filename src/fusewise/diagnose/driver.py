@@ -1,9 +1,8 @@
 """fusewise.diagnose(step): the seed's procedure on a user's step, as data.
 
 What runs, in order: `warmup` calls of step(); `steps` timed calls (median = the baseline; peak
-memory on a GPU); `steps` calls under torch.profiler (the timeline, and time per op name as a
-fallback); one call under the op-graph recorder (dataflow, bytes, FLOPs, source lines, and each
-op's own time: device time on a GPU). That is warmup + 2·steps + 1 calls in all. With
+memory on a GPU); `steps` calls under torch.profiler (time per op); one call under the op-graph
+recorder (dataflow, bytes, FLOPs, source lines). That is warmup + 2·steps + 1 calls in all. With
 `restore=[model, optimizer, ...]` the state_dict of each is saved first and loaded back at the
 end, so a diagnosis can sit inside a real run without changing it.
 """
