@@ -222,9 +222,11 @@ class _Dispatch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        on_gpu = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
-        if on_gpu and self.rec._prof is not None:
-            # a profiler range per op: its kernels' device time, whatever the host gaps
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        on_gpu = any(a.is_cuda for a in tensors)
+        if self.rec._prof is not None and (on_gpu or not tensors):
+            # a profiler range per op: its kernels' device time, whatever the host gaps (also
+            # for a factory op, which has no tensor argument but may launch a kernel)
             with torch.profiler.record_function(f"{_RANGE}{len(self.rec.graph.ops)}"):
                 out = func(*args, **kwargs)
             timer = None
