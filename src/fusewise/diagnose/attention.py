@@ -41,7 +41,7 @@ def find_attention_fallback(graph: OpGraph, ceil) -> list[Finding]:
         n = 1
         for s in calls[0]["shape"]:
             n *= s
-        minimum = 4 * n * graph_itemsize(calls[0]["dtype"]) * len(calls)
+        minimum = 4 * n * _itemsize(calls[0]["dtype"]) * len(calls)
         avoidable = max(0.0, written - minimum)
         suspects = _suspects(calls[0])
         findings.append(Finding(
@@ -60,5 +60,5 @@ def find_attention_fallback(graph: OpGraph, ceil) -> list[Finding]:
     return findings
 
 
-def graph_itemsize(dtype: str) -> int:
+def _itemsize(dtype: str) -> int:
     return {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 4)

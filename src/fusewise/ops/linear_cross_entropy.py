@@ -180,7 +180,8 @@ class _LinearCE(torch.autograd.Function):
             if ctx.used:  # the saved gradients may have been scaled in place already
                 raise RuntimeError("fusewise.ops.linear_cross_entropy computes its gradients in "
                                    "the forward; a second backward through the same call "
-                                   "(retain_graph=True) is not supported")  # fmt: skip
+                                   "(retain_graph=True) is not supported: call it again for "
+                                   "another backward")  # fmt: skip
             ctx.used = True
             grads = [_scaled(x, grad_out, d, ctx.path)
                      for x, d in zip(ctx.saved_tensors, ctx.dtypes)]  # fmt: skip
