@@ -85,6 +85,26 @@ def test_idle_time_is_scaled_to_the_plain_step():
     assert {f.kind: f.est_saving_ms for f in faster} == pytest.approx(plain)  # never scaled up
 
 
+def test_data_loading_is_named_at_the_line_that_takes_batches():
+    from fusewise.capture.loader import loader_lines
+    from torch.utils.data import DataLoader, dataloader
+
+    original = dataloader._BaseDataLoaderIter.__next__
+    with loader_lines() as lines:
+        batches = iter(DataLoader(list(range(6)), batch_size=2))
+        for _ in range(3):
+            next(batches)  # the line to be named
+    assert dataloader._BaseDataLoaderIter.__next__ is original  # the patch is undone
+    ((where, n),) = lines.items()
+    assert n == 3 and "test_timeline.py" in where
+    (f,) = [f for f in find_gaps(synthetic(), graph_with_short_ops(), [], loader_lines=lines)
+            if f.kind == "data-loading"]  # fmt: skip
+    assert f.where == where and f.evidence["batches_taken_at"] == {where: 3}
+    with pytest.raises(ZeroDivisionError), loader_lines():
+        1 / 0
+    assert dataloader._BaseDataLoaderIter.__next__ is original
+
+
 def test_sync_idle_is_shared_by_syncs_per_step_and_unseen_syncs_get_a_finding():
     mk = lambda where, n: Finding(kind="host-sync", title="", where=where, est_saving_ms=0.0,  # noqa: E731
                                   bytes_avoidable=0.0, fix="", evidence={"syncs_per_step": n})  # fmt: skip

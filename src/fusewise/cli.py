@@ -133,7 +133,8 @@ def _diagnose_script(console: Console, args) -> int:
     report = build_report(obs.recorder.graph, op_times(obs.prof, args.steps, obs.cuda),
                           obs.times_ms, obs.peak, ceil, obs.captured_ms,
                           extra_findings=extra_findings, scaling_ran=bool(sizes),
-                          timeline=timeline_from_profiler(obs.prof, args.steps))  # fmt: skip
+                          timeline=timeline_from_profiler(obs.prof, args.steps),
+                          loader_lines=obs.loader_lines)  # fmt: skip
     report.render(console)
     if args.json:
         report.save_json(args.json)

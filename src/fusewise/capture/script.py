@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from .loader import loader_lines
 from .opgraph import Recorder
 
 
@@ -40,6 +41,7 @@ class StepObserver:
         self.times_ms: list[float] = []
         self.peak = None
         self.prof = None
+        self._loader_cm, self.loader_lines = None, None
         self.recorder = None
         self.captured_ms = None
         self._t = None
@@ -63,8 +65,11 @@ class StepObserver:
                 acts.append(torch.profiler.ProfilerActivity.CUDA)
             self.prof = torch.profiler.profile(activities=acts)
             self.prof.__enter__()
+            self._loader_cm = loader_lines()  # the lines that take batches meanwhile
+            self.loader_lines = self._loader_cm.__enter__()
         if k == w + 2 * s:
             self.prof.__exit__(None, None, None)
+            self._loader_cm.__exit__(None, None, None)
             self.recorder = Recorder().__enter__()
         if k == w + 2 * s + 1:
             self.recorder.__exit__(None, None, None)
@@ -89,7 +94,7 @@ class StepObserver:
         finally:
             sys.argv, _active = old_argv, None
             hook.remove()
-            for ctx in (self.recorder, self.prof):  # a script that ended mid-way: close cleanly
+            for ctx in (self.recorder, self.prof, self._loader_cm):  # ended mid-way: close
                 if ctx is not None and self.captured_ms is None:
                     try:
                         ctx.__exit__(None, None, None)

@@ -1,8 +1,10 @@
 """fusewise.diagnose(step): the seed's procedure on a user's step, as data.
 
 What runs, in order: `warmup` calls of step(); `steps` timed calls (median = the baseline; peak
-memory on a GPU); `steps` calls under torch.profiler (time per op); one call under the op-graph
-recorder (dataflow, bytes, FLOPs, source lines). That is warmup + 2·steps + 1 calls in all. With
+memory on a GPU); `steps` calls under torch.profiler (time per op; on a GPU the timeline of idle
+gaps; DataLoader `__next__` callers counted meanwhile); one call under the op-graph recorder
+(dataflow, bytes, FLOPs, source lines, each GPU op's device time). That is warmup + 2·steps + 1
+calls in all. With
 `restore=[model, optimizer, ...]` the state_dict of each is saved first and loaded back at the
 end, so a diagnosis can sit inside a real run without changing it.
 """
@@ -16,6 +18,7 @@ import time
 import torch
 
 from .. import hardware
+from ..capture.loader import loader_lines
 from ..capture.opgraph import Recorder
 from ..report import Report
 from .attention import find_attention_fallback
@@ -56,7 +59,7 @@ def diagnose(step, steps: int = 5, warmup: int = 2, *, restore=(), ceilings=None
         acts = [torch.profiler.ProfilerActivity.CPU]
         if cuda:
             acts.append(torch.profiler.ProfilerActivity.CUDA)
-        with torch.profiler.profile(activities=acts) as prof:
+        with torch.profiler.profile(activities=acts) as prof, loader_lines() as batch_lines:
             for _ in range(steps):
                 step()
             _sync(cuda)
@@ -71,7 +74,7 @@ def diagnose(step, steps: int = 5, warmup: int = 2, *, restore=(), ceilings=None
         for obj, state in saved:
             obj.load_state_dict(state)
     return build_report(rec.graph, op_ms, times, peak, ceil, captured_ms, top=top,
-                        timeline=timeline)  # fmt: skip
+                        timeline=timeline, loader_lines=batch_lines)  # fmt: skip
 
 
 def op_times(prof, steps: int, cuda: bool) -> dict[str, float]:
@@ -85,7 +88,8 @@ def op_times(prof, steps: int, cuda: bool) -> dict[str, float]:
 
 def build_report(graph, op_ms: dict[str, float], times_ms: list[float], peak, ceil,
                  captured_ms: float, *, top: int = 10, extra_findings=(),
-                 scaling_ran: bool = False, timeline=None) -> Report:  # fmt: skip
+                 scaling_ran: bool = False, timeline=None,
+                 loader_lines=None) -> Report:  # fmt: skip
     """Run the analyzers on what was observed and assemble the Report (also used by the CLI's
     script runner, which observes steps differently and may add the memory-scaling findings)."""
     median_ms = statistics.median(times_ms)
@@ -100,7 +104,7 @@ def build_report(graph, op_ms: dict[str, float], times_ms: list[float], peak, ce
                            ("attention-fallback", lambda: find_attention_fallback(graph, ceil)),
                            ("host-syncs and timeline gaps",
                             lambda: find_gaps(timeline, graph, find_syncs(graph),
-                                              median_ms))):  # fmt: skip
+                                              median_ms, loader_lines))):  # fmt: skip
         try:
             findings += analyzer()
         except Exception as e:  # one analyzer's bug must not cost the user the whole report

@@ -113,13 +113,14 @@ def _short_op_lines(graph: OpGraph, n: int = 3) -> list[tuple[str, int]]:
 
 
 def find_gaps(tl: Timeline | None, graph: OpGraph, syncs: list[Finding],
-              step_ms: float | None = None) -> list[Finding]:  # fmt: skip
+              step_ms: float | None = None, loader_lines=None) -> list[Finding]:  # fmt: skip
     """Findings from the timeline, and `syncs` (the op graph's host-sync findings) returned with
     their measured idle time. Without a timeline (a CPU step) `syncs` comes back unchanged.
 
     The profiler slows the host (it records every op), which lengthens host-bound gaps: with
     step_ms (the median unprofiled step) every idle time is scaled by step_ms / the profiled
-    step, when that is below 1. Both are in the evidence."""
+    step, when that is below 1. Both are in the evidence. loader_lines (a Counter of the lines
+    that took DataLoader batches, capture/loader.py) names the data-loading finding's line."""
     if tl is None:
         return list(syncs)
     causes = classify(tl)
@@ -152,12 +153,15 @@ def find_gaps(tl: Timeline | None, graph: OpGraph, syncs: list[Finding],
                           lines_with_most_short_ops=[f"{w} ({c})" for w, c in lines])))  # fmt: skip
     ms = per_step.get("data-loading", 0.0)
     if worth(ms):
+        lines = (loader_lines or {}).items()
+        where = max(lines, key=lambda kv: kv[1])[0] if lines else "?"
         out.append(Finding(
-            kind="data-loading", where="?", est_saving_ms=ms, bytes_avoidable=0.0,
+            kind="data-loading", where=where, est_saving_ms=ms, bytes_avoidable=0.0,
             title=f"the GPU waits {ms:.2f} ms per step for the DataLoader",
             fix="DataLoader(num_workers > 0, pin_memory=True, persistent_workers=True), "
                 "prefetch the next batch, or move preprocessing onto the GPU",
-            evidence=dict(common, waits_per_step=len(causes["data-loading"]) / tl.steps)))  # fmt: skip
+            evidence=dict(common, waits_per_step=len(causes["data-loading"]) / tl.steps,
+                          batches_taken_at=dict(loader_lines or {}))))  # fmt: skip
     ms = per_step.get("idle-gap", 0.0)
     if worth(ms):
         gaps = sorted(causes["idle-gap"], key=lambda g: g[0] - g[1])[:3]
