@@ -121,6 +121,16 @@ def test_grad_scaler_unscales_and_skips_inf_steps(inf_at, device):
     assert rel(ours, theirs) < 1e-5
 
 
+def resume_and_compare(opt, params, grads, ref):
+    """Step opt over the remaining gradients, then params must match the uninterrupted run."""
+    for step_grads in grads:
+        for p, g in zip(params, step_grads):
+            p.grad = g.clone()
+        opt.step()
+    for p, r in zip(params, ref):
+        assert rel(p, r) < 1e-5
+
+
 def test_checkpoint_round_trips_with_torch(device):
     params = make_params(device)
     grads = [[torch.randn_like(p) for p in params] for _ in range(6)]
@@ -133,12 +143,7 @@ def test_checkpoint_round_trips_with_torch(device):
     fb.load_state_dict(ta.state_dict())
     ref = clone(params)
     run(torch.optim.AdamW, ref, grads, 6, lambda ps: ps, **kw)
-    for t in range(3, 6):
-        for p, g in zip(b, grads[t]):
-            p.grad = g.clone()
-        fb.step()
-    for p, r in zip(b, ref):
-        assert rel(p, r) < 1e-5
+    resume_and_compare(fb, b, grads[3:], ref)
     # fusewise -> torch, and the state keys are torch's
     c = clone(params)
     fc = run(fusewise.optim.AdamW, c, grads[:3], 3, lambda ps: ps, **kw)
@@ -148,12 +153,7 @@ def test_checkpoint_round_trips_with_torch(device):
     td = torch.optim.AdamW(d, **kw)
     td.load_state_dict(sd)
     assert td.param_groups[0]["decoupled_weight_decay"] is True
-    for t in range(3, 6):
-        for p, g in zip(d, grads[t]):
-            p.grad = g.clone()
-        td.step()
-    for p, r in zip(d, ref):
-        assert rel(p, r) < 1e-5
+    resume_and_compare(td, d, grads[3:], ref)
 
 
 def test_master_weights_survive_a_checkpoint(device):
