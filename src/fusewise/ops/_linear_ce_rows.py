@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._norm_launch import _sm_count as sm_count
 from ._triton_utils import round_to
 
 # From benchmarks/profile_linear_ce.py on an H200 ([1024, 128256] bf16, statistics + gradient):
@@ -131,7 +132,7 @@ def _scale_kernel(src_ptr, dst_ptr, g_ptr, n, BLOCK: tl.constexpr):
 def _sm_count(device) -> int:
     if device.type != "cuda":
         return 1  # the interpreter: PROGRAMS_PER_SM programs, so rows loop inside a program
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return sm_count(device.index or 0)  # cached: asked once per chunk
 
 
 def ce_rows_triton(z, target, loss, lse, scale, opts):
