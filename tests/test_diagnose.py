@@ -121,6 +121,30 @@ def test_optimizer_ops_are_marked():
     assert rec.graph.ops and all(o.phase == "optimizer" for o in rec.graph.ops)
 
 
+def test_profiled_recording_of_an_optimizer_step():
+    """The recorder names a profiler range per op by its index. torch.optim wraps step() in a
+    record_function while a profiler runs, whose markers are ops too: they once took an index
+    and no op, and the last one pointed past the list (IndexError on every GPU diagnosis)."""
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(4, 8)
+
+    def step():
+        opt.zero_grad()
+        with torch.profiler.record_function("user range"):
+            model(x).square().mean().backward()
+        opt.step()
+
+    step()
+    names = {}
+    for profile in (False, True):
+        with Recorder(profile=profile) as rec:
+            step()
+        names[profile] = [o.name for o in rec.graph.ops]
+    assert names[True] == names[False] and "aten.mm.default" in names[True]
+    assert not any(n.startswith("profiler.") for n in names[True])
+
+
 def test_graph_json_round_trip():
     g = golden("clean")
     again = OpGraph.from_json(g.to_json())

@@ -222,6 +222,11 @@ class _Dispatch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func.namespace == "profiler":
+            # record_function's enter/exit markers (torch.optim wraps every step() in one while
+            # a profiler runs): not work, not recorded, and given no range of their own, since
+            # a range is named by the index of the op it wraps
+            return func(*args, **kwargs)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         on_gpu = any(a.is_cuda for a in tensors)
         if self.rec._prof is not None and (on_gpu or not tensors):
@@ -239,9 +244,14 @@ class _Dispatch(TorchDispatchMode):
 
 class Recorder:
     """with Recorder() as rec: step()  ->  rec.graph. Optimizer steps (any torch Optimizer) are
-    marked phase "optimizer" through torch's global optimizer hooks."""
+    marked phase "optimizer" through torch's global optimizer hooks.
 
-    def __init__(self):
+    profile: time the ops through torch.profiler ranges (their kernels' device time); default:
+    when CUDA is available. Otherwise CPU ops are timed by the host clock and GPU ops by CUDA
+    events."""
+
+    def __init__(self, profile: bool | None = None):
+        self.profile = torch.cuda.is_available() if profile is None else profile
         self.graph = OpGraph()
         self._vid = WeakIdKeyDictionary()
         self._next = 0
@@ -274,8 +284,6 @@ class Recorder:
         return time.perf_counter()
 
     def _record(self, func, args, kwargs, out, timer=None) -> None:
-        if func.namespace == "profiler":
-            return  # record_function markers, not work
         name, arg_names, arg_writes, is_view = _schema_of(func)
         written = set()
         flat_args = []
@@ -327,13 +335,14 @@ class Recorder:
             register_optimizer_step_pre_hook(pre),
             register_optimizer_step_post_hook(post),
         ]
-        if torch.cuda.is_available():
+        if self.profile:
             # GPU op times come from the profiler's kernel records (CUPTI): CUDA events around
             # each op would also count the host time the recorder itself spends between ops
+            acts = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                acts.append(torch.profiler.ProfilerActivity.CUDA)
             try:
-                self._prof = torch.profiler.profile(
-                    activities=[torch.profiler.ProfilerActivity.CPU,
-                                torch.profiler.ProfilerActivity.CUDA])  # fmt: skip
+                self._prof = torch.profiler.profile(activities=acts)
                 self._prof.__enter__()
             except RuntimeError:  # another profiler is running: fall back to CUDA events
                 self._prof = None
@@ -346,7 +355,8 @@ class Recorder:
         for m in reversed(self._modes):
             m.__exit__(*exc)
         if self._prof is not None:
-            torch.cuda.synchronize()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             self._prof.__exit__(None, None, None)
             for e in self._prof.events():
                 if e.name.startswith(_RANGE):
