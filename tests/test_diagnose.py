@@ -184,6 +184,63 @@ def test_diagnose_end_to_end_restores_state(tmp_path):
     assert "<svg" in page and "http://" not in page.replace("http://www.w3.org/2000/svg", "")
 
 
+def _dropout_run(device):
+    """A model with dropout, a step that draws from torch's, Python's and NumPy's generators and
+    accumulates gradients (no zero_grad: a diagnosis must also put the gradients back)."""
+    import random
+
+    import numpy as np
+
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.5),
+                                torch.nn.Linear(32, 4)).to(device)  # fmt: skip
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def step():
+        x = torch.randn(8, 16, device=device) * (1 + random.random() + float(np.random.rand()))
+        model(x).square().mean().backward()
+        opt.step()
+
+    return model, opt, step
+
+
+def test_restore_leaves_the_run_bit_identical(device):
+    """After diagnose(restore=...), the next step equals the step of a run never diagnosed: the
+    parameters, the optimizer state, the gradients and every random generator are put back."""
+    results = []
+    for diagnosed in (False, True):
+        model, opt, step = _dropout_run(device)
+        step()
+        if diagnosed:
+            fusewise.diagnose(step, steps=1, warmup=1, restore=[model, opt], ceilings=H200)
+        step()
+        results.append([t.detach().clone() for t in
+                        [*model.parameters(), *(p.grad for p in model.parameters())]])  # fmt: skip
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_restore_of_a_single_object_and_bad_objects():
+    model, opt, step = _dropout_run("cpu")
+    step()
+    before = [p.detach().clone() for p in model.parameters()]
+    fusewise.diagnose(step, steps=1, warmup=0, restore=model, ceilings=H200)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    with pytest.raises(TypeError, match="restore= takes .* state_dict.*got Tensor"):
+        fusewise.diagnose(step, steps=1, warmup=0, restore=[model, torch.ones(1)], ceilings=H200)
+
+
+def test_measuring_ceilings_leaves_the_random_state_alone(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSEWISE_CACHE_DIR", str(tmp_path))  # a cold cache: it measures
+    torch.manual_seed(3)
+    expected = torch.rand(4)
+    torch.manual_seed(3)
+    fusewise.hardware.ceilings("cpu")
+    assert torch.equal(torch.rand(4), expected)
+
+
 def test_an_op_returning_its_own_input_is_not_a_view_cycle():
     """lift_fresh (torch.tensor(...) inside a step) returns the tensor it was given; the view
     resolution once looped forever on it (seen with fusewise.optim.AdamW's pointer tables)."""

@@ -118,10 +118,16 @@ def _time_cpu(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def _rng(device: torch.device) -> torch.Generator:
+    """A generator of our own: measuring must not advance the user's random state (a diagnosis
+    measures on a cold cache, in the middle of a run that must stay reproducible)."""
+    return torch.Generator(device=device).manual_seed(0)
+
+
 def measure_bandwidth(device: torch.device) -> float:
     """GB/s of a large copy, counting bytes read plus bytes written (2 GiB on a GPU)."""
     nbytes = (1 << 30) if device.type == "cuda" else (1 << 27)
-    src = torch.randn(nbytes // 2, dtype=torch.bfloat16, device=device)
+    src = torch.randn(nbytes // 2, dtype=torch.bfloat16, device=device, generator=_rng(device))
     dst = torch.empty_like(src)
     timer = _time_cuda if device.type == "cuda" else _time_cpu
     seconds = timer(lambda: dst.copy_(src), reps=20 if device.type == "cuda" else 5)
@@ -134,8 +140,9 @@ def measure_matmul(device: torch.device) -> float:
         n, dtype, reps = 8192, torch.bfloat16, 10
     else:
         n, dtype, reps = 1024, torch.float32, 3
-    a = torch.randn(n, n, dtype=dtype, device=device)
-    b = torch.randn(n, n, dtype=dtype, device=device)
+    rng = _rng(device)
+    a = torch.randn(n, n, dtype=dtype, device=device, generator=rng)
+    b = torch.randn(n, n, dtype=dtype, device=device, generator=rng)
     timer = _time_cuda if device.type == "cuda" else _time_cpu
     seconds = timer(lambda: a @ b, reps=reps)
     return 2 * n**3 / seconds / 1e12

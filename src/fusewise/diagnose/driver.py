@@ -5,13 +5,16 @@ memory on a GPU); `steps` calls under torch.profiler (time per op; on a GPU the 
 gaps; DataLoader `__next__` callers counted meanwhile); one call under the op-graph recorder
 (dataflow, bytes, FLOPs, source lines, each GPU op's device time). That is warmup + 2·steps + 1
 calls in all. With
-`restore=[model, optimizer, ...]` the state_dict of each is saved first and loaded back at the
-end, so a diagnosis can sit inside a real run without changing it.
+`restore=[model, optimizer, ...]` the state_dict of each, the gradients of their parameters and
+the random state (torch's CPU and CUDA generators, Python's random, NumPy's) are saved first and
+put back at the end, so a diagnosis can sit inside a real run without changing it: the next step
+is the one an undiagnosed run would take (batches the step took from an iterator stay taken).
 """
 
 from __future__ import annotations
 
 import copy
+import random
 import statistics
 import time
 
@@ -40,10 +43,10 @@ def diagnose(step, steps: int = 5, warmup: int = 2, *, restore=(), ceilings=None
     Report: baseline, top ops with roofline, and findings ranked by predicted saving."""
     if steps < 1 or warmup < 0:
         raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+    saved = _Snapshot(_restorable(restore))
     cuda = torch.cuda.is_available()
-    ceil = ceilings or hardware.ceilings("cuda" if cuda else "cpu")
-    saved = [(obj, copy.deepcopy(obj.state_dict())) for obj in restore]
     try:
+        ceil = ceilings or hardware.ceilings("cuda" if cuda else "cpu")
         for _ in range(warmup):
             step()
         _sync(cuda)
@@ -71,10 +74,78 @@ def diagnose(step, steps: int = 5, warmup: int = 2, *, restore=(), ceilings=None
             _sync(cuda)
             captured_ms = (time.perf_counter() - t0) * 1e3
     finally:
-        for obj, state in saved:
-            obj.load_state_dict(state)
+        saved.put_back()
     return build_report(rec.graph, op_ms, times, peak, ceil, captured_ms, top=top,
                         timeline=timeline, loader_lines=batch_lines)  # fmt: skip
+
+
+def _restorable(restore) -> list:
+    """restore= as a list of objects with state_dict() and load_state_dict() (one such object
+    alone is taken as a list of one)."""
+    objs = [restore] if hasattr(restore, "state_dict") else restore
+    try:
+        objs = list(objs)
+    except TypeError:
+        objs = [objs]
+    for obj in objs:
+        if not (callable(getattr(obj, "state_dict", None))
+                and callable(getattr(obj, "load_state_dict", None))):  # fmt: skip
+            raise TypeError(f"restore= takes the objects whose state the diagnosis must put back "
+                            f"(model, optimizer, LR scheduler, GradScaler: anything with "
+                            f"state_dict() and load_state_dict()), as a list; got "
+                            f"{type(obj).__name__}")  # fmt: skip
+    return objs
+
+
+class _Snapshot:
+    """What the diagnosis' extra steps change, saved before them: the state_dicts, the gradients
+    of the parameters they hold (a run that accumulates gradients, or zeroes them in place,
+    reads them), and the random state (a step with dropout, or a cold ceilings measurement)."""
+
+    def __init__(self, objs: list):
+        self.states = [(obj, copy.deepcopy(obj.state_dict())) for obj in objs]
+        params: dict[int, torch.Tensor] = {}
+        for obj in objs:
+            if isinstance(obj, torch.nn.Module):
+                found = obj.parameters()
+            else:
+                found = (p for g in getattr(obj, "param_groups", ()) for p in g["params"])
+            params.update((id(p), p) for p in found)
+        self.grads = [(p, None if p.grad is None else p.grad.detach().clone())
+                      for p in params.values()]  # fmt: skip
+        self.rng = _rng_state() if objs else None
+
+    def put_back(self) -> None:
+        for obj, state in self.states:
+            obj.load_state_dict(state)
+        for p, grad in self.grads:
+            p.grad = grad
+        if self.rng is not None:
+            _set_rng_state(self.rng)
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():  # (initialises CUDA, as the diagnosis' syncs would anyway)
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy
+
+        state["numpy"] = numpy.random.get_state()
+    except ImportError:
+        pass
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy
+
+        numpy.random.set_state(state["numpy"])
 
 
 def op_times(prof, steps: int, cuda: bool) -> dict[str, float]:
