@@ -146,3 +146,74 @@ def test_demo_norms_checks_the_kernels(capsys, monkeypatch, tmp_path):
     assert main(["demo", "norms"]) == 0
     out = capsys.readouterr().out
     assert "LayerNorm" in out and "add + RMSNorm" in out and "error vs float64" in out
+
+
+def strict_json(text: str):
+    """json.loads that refuses NaN and Infinity, as JSON.parse and other strict parsers do."""
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_user_strings_are_never_markup(tmp_path, capsys):
+    """A path with rich markup in it ([/x] closes nothing, [bold] is a style) is printed as it is,
+    and the report files are written."""
+    folder = tmp_path / "c[" / "x]"  # a path with "c[/x]" in it
+    folder.mkdir(parents=True)
+    script = write(folder, "train[bold].py", TRAIN)
+    out, page = tmp_path / "r.json", tmp_path / "r.html"
+    rc = main(["diagnose", script, "--steps", "1", "--warmup", "0", "--json", str(out),
+               "--html", str(page), "--", "50", str(tmp_path / "m.txt")])  # fmt: skip
+    assert rc == 0 and out.exists() and page.exists()
+    d = strict_json(out.read_text())
+    assert any("train[bold].py" in f["where"] for f in d["findings"])
+    text = capsys.readouterr().out.replace("\n", "").replace("│", "").replace(" ", "")
+    assert "train[bold].py" in text
+
+
+def test_report_json_is_strict(tmp_path):
+    """Ops that move no bytes have infinite intensity: written as null, never as Infinity."""
+    from fusewise.report import Report
+
+    r = Report(device={"name": "x"}, step={"median_ms": float("nan")},
+               top=[{"intensity": float("inf"), "flops": 1.0}])  # fmt: skip
+    d = strict_json(r.to_json())
+    assert d["top"][0]["intensity"] is None and d["step"]["median_ms"] is None
+
+
+@pytest.mark.parametrize("case", ["missing-folder", "the-script", "a-folder", "same-file"])
+def test_output_paths_are_checked_before_the_run(case, tmp_path, capsys):
+    script = write(tmp_path, "train.py", TRAIN)
+    marker = tmp_path / "ran.txt"
+    outputs = {"missing-folder": ["--json", str(tmp_path / "no" / "r.json")],
+               "the-script": ["--json", script],
+               "a-folder": ["--html", str(tmp_path)],
+               "same-file": ["--json", str(tmp_path / "r"), "--html", str(tmp_path / "r")]}
+    before = open(script).read()
+    assert main(["diagnose", script, *outputs[case], "--", "3", str(marker)]) == 2
+    said = capsys.readouterr().out
+    assert {"missing-folder": "does not exist", "the-script": "refusing to overwrite",
+            "a-folder": "is a folder", "same-file": "name the same file"}[case] in said
+    assert not marker.exists() and open(script).read() == before  # nothing ran, nothing lost
+
+
+def test_console_entry_exits_with_the_diagnosis_status(tmp_path):
+    """`python -m fusewise diagnose` ends with the diagnosis' status once the report is out (the
+    stopped script's teardown is skipped), and with 1 when the script ended too soon."""
+    import os
+    import subprocess
+    import sys
+
+    script = write(tmp_path, "train.py", TRAIN)
+    out = tmp_path / "r.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    ok = subprocess.run([sys.executable, "-m", "fusewise", "diagnose", script, "--steps", "1",
+                         "--warmup", "0", "--json", str(out), "--", "50", str(tmp_path / "m")],
+                        env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert strict_json(out.read_text())["step"]["steps_measured"] == 1
+    short = subprocess.run([sys.executable, "-m", "fusewise", "diagnose", script, "--", "1",
+                            str(tmp_path / "m")], env=env, capture_output=True, text=True,
+                           timeout=600)  # fmt: skip
+    assert short.returncode == 1 and "ended after 1 step(s)" in short.stdout

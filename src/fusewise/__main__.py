@@ -1,3 +1,3 @@
-from fusewise.cli import main
+from fusewise.cli import run
 
-raise SystemExit(main())
+run()

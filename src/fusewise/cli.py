@@ -7,6 +7,7 @@ import os
 import sys
 
 from rich.console import Console
+from rich.text import Text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +93,43 @@ def _interpret_without_gpu(argv: list[str] | None) -> None:
     os.execve(sys.executable, [sys.executable, "-m", "fusewise", *args], env)
 
 
+def run() -> None:
+    """The console entry point (`fusewise ...`, `python -m fusewise ...`). After a diagnosed
+    script the process ends with os._exit once the report is out: the script was stopped
+    mid-run in this process, and its half-built state (threads, DataLoader workers, atexit
+    handlers, profiler and CUDA teardown) is not ours to run down; its exit status is the
+    diagnosis', never a crash during that teardown."""
+    argv = sys.argv[1:]
+    rc = main(argv)
+    if argv[:1] == ["diagnose"]:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    raise SystemExit(rc)
+
+
+def _output_problem(path: str | None, flag: str, script: str, taken: dict) -> str | None:
+    """Why the report could not be written to `path` (checked before the script runs, so a typo
+    never costs the run), or None."""
+    if path is None:
+        return None
+    target = os.path.abspath(path)
+    folder = os.path.dirname(target)
+    if os.path.isdir(target):
+        return f"{flag} {path} is a folder; give a file path"
+    if not os.path.isdir(folder):
+        return f"{flag} {path}: the folder {folder} does not exist"
+    if not os.access(folder, os.W_OK) or (os.path.exists(target)
+                                           and not os.access(target, os.W_OK)):  # fmt: skip
+        return f"{flag} {path}: not writable"
+    if os.path.exists(target) and os.path.samefile(target, script):
+        return f"{flag} {path} is the script being diagnosed; refusing to overwrite it"
+    if target in taken:
+        return f"{flag} and {taken[target]} name the same file {path}"
+    taken[target] = flag
+    return None
+
+
 def _diagnose_script(console: Console, args) -> int:
     from . import hardware
     from .capture.script import StepObserver
@@ -102,12 +140,18 @@ def _diagnose_script(console: Console, args) -> int:
         console.print("[red]--steps must be >= 1 and --warmup >= 0[/]")
         return 2
     if not os.path.isfile(args.script):
-        console.print(f"[red]no such script: {args.script}[/]")
+        console.print(Text(f"no such script: {args.script}", style="red"))
         return 2
+    taken: dict = {}
+    for path, flag in ((args.json, "--json"), (args.html, "--html")):
+        problem = _output_problem(path, flag, args.script, taken)
+        if problem:
+            console.print(Text(problem, style="red"))
+            return 2
     sizes = _parse_sizes(args.sizes) if args.sizes else None
     if args.sizes and sizes is None:
-        console.print(f"[red]--sizes wants NAME=V1,V2 with two different numbers, got "
-                      f"{args.sizes!r}[/]")  # fmt: skip
+        console.print(Text(f"--sizes wants NAME=V1,V2 with two different numbers, got "
+                           f"{args.sizes!r}", style="red"))  # fmt: skip
         return 2
     runs = []
     for extra in [[f"--{sizes[0]}", _num(v)] for v in sizes[1:]] if sizes else [[]]:
@@ -115,10 +159,11 @@ def _diagnose_script(console: Console, args) -> int:
         obs.run(args.script, args.script_args + extra)
         need = args.warmup + 2 * args.steps + 1
         if not obs.complete:
-            console.print(f"[red]{args.script} ended after {obs.ends} step(s); the diagnosis "
-                          f"needs {need} (--warmup {args.warmup} + 2 x --steps {args.steps} + 1)."
-                          " A step ends at each optimizer.step() or fusewise.step(); lower "
-                          "--steps/--warmup or run the script longer.[/]")  # fmt: skip
+            console.print(Text(f"{args.script} ended after {obs.ends} step(s); the diagnosis "
+                               f"needs {need} (--warmup {args.warmup} + 2 x --steps "
+                               f"{args.steps} + 1). A step ends at each optimizer.step() or "
+                               "fusewise.step(); lower --steps/--warmup or run the script "
+                               "longer.", style="red"))  # fmt: skip
             return 1
         runs.append(obs)
     obs = runs[-1]
@@ -135,11 +180,11 @@ def _diagnose_script(console: Console, args) -> int:
                           extra_findings=extra_findings, scaling_ran=bool(sizes),
                           timeline=timeline_from_profiler(obs.prof, args.steps),
                           loader_lines=obs.loader_lines)  # fmt: skip
-    report.render(console)
-    if args.json:
+    if args.json:  # files first: the terminal rendering must never cost them
         report.save_json(args.json)
     if args.html:
         report.save_html(args.html)
+    report.render(console)
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +27,9 @@ class Report:
                 "skipped": self.skipped}  # fmt: skip
 
     def to_json(self) -> str:
-        return json.dumps(self.as_dict(), indent=1, default=float)
+        """Strict JSON (RFC 8259): a value that is not a finite number (the intensity of an op
+        that moves no bytes is infinite) is written as null."""
+        return json.dumps(_strict(self.as_dict()), indent=1, allow_nan=False)
 
     def save_json(self, path) -> None:
         Path(path).write_text(self.to_json())
@@ -47,3 +50,18 @@ class Report:
         buf = io.StringIO()
         self.render(Console(file=buf, width=120, force_terminal=False))
         return buf.getvalue()
+
+
+def _strict(x):
+    """x with every non-finite float as None and other numbers (NumPy's too) as Python ones."""
+    if isinstance(x, dict):
+        return {k: _strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_strict(v) for v in x]
+    if isinstance(x, (str, bool, int)) or x is None:
+        return x
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    return f if math.isfinite(f) else None

@@ -1,14 +1,18 @@
-"""Terminal rendering of a report dict with rich tables."""
+"""Terminal rendering of a report dict with rich tables. Every string that comes from the user's
+run (paths, op and device names, fix texts, error messages) is shown as plain text, never read as
+rich markup: a folder named `c[/x]` or a line with `[bold]` in it prints as it is."""
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 
 def render_text(r: dict, console) -> None:
     d, s = r["device"], r["step"]
     peak = s.get("peak_memory_bytes")
-    console.print(f"[bold]fusewise {r['fusewise_version']}[/] on {d['name']}: bandwidth "
+    console.print(f"[bold]fusewise {r['fusewise_version']}[/] on {escape(d['name'])}: bandwidth "
                   f"{d['bandwidth_GBps']:,.0f} GB/s, matmul {d['matmul_TFLOPs']:,.1f} TFLOP/s, "
                   f"ridge {d['ridge']:,.0f} FLOP/byte")  # fmt: skip
     console.print(f"step: {s['median_ms']:.2f} ms (median of {s['steps_measured']})"
@@ -17,7 +21,7 @@ def render_text(r: dict, console) -> None:
     for col in ("op", "ms/step", "share", "GFLOP", "MB", "FLOP/B", "bound", "% of ceiling"):
         t.add_column(col, justify="left" if col == "op" else "right")
     for row in r["top"]:
-        t.add_row(row["name"], f"{row['ms_per_step']:.3f}", f"{100 * row['share']:.0f}%",
+        t.add_row(Text(row["name"]), f"{row['ms_per_step']:.3f}", f"{100 * row['share']:.0f}%",
                   f"{row['flops'] / 1e9:,.2f}", f"{row['bytes'] / 1e6:,.1f}",
                   f"{row['intensity']:,.1f}", row["bound"], f"{row['pct_of_ceiling']:.0f}%")  # fmt: skip
     console.print(t)
@@ -31,8 +35,9 @@ def render_text(r: dict, console) -> None:
     for x in r["findings"]:
         name = x["kind"] + (f" ({x['pattern']})" if x["pattern"] else "")
         now = x["evidence"].get("measured_ms_unfused")
-        f.add_row(name, x["where"], f"{x['est_saving_ms']:.3f}", "" if now is None else f"{now:.3f}",
-                  f"{x['bytes_avoidable'] / 1e6:,.1f}", x["fix"])  # fmt: skip
+        f.add_row(Text(name), Text(x["where"]), f"{x['est_saving_ms']:.3f}",
+                  "" if now is None else f"{now:.3f}", f"{x['bytes_avoidable'] / 1e6:,.1f}",
+                  Text(x["fix"]))  # fmt: skip
     console.print(f if r["findings"] else "no findings")
     for sk in r["skipped"]:
-        console.print(f"[dim]not run: {sk['analysis']}: {sk['reason']}[/]")
+        console.print(Text(f"not run: {sk['analysis']}: {sk['reason']}", style="dim"))
