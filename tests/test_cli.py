@@ -217,3 +217,27 @@ def test_console_entry_exits_with_the_diagnosis_status(tmp_path):
                             str(tmp_path / "m")], env=env, capture_output=True, text=True,
                            timeout=600)  # fmt: skip
     assert short.returncode == 1 and "ended after 1 step(s)" in short.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sizes", [False, True], ids=["plain", "sizes"])
+def test_cli_on_a_gpu_training_script_exits_0(sizes, tmp_path):
+    """`fusewise diagnose examples/train_gpt.py` on the GPU, as a user runs it: once aborted
+    after its report (munmap_chunk) with --sizes, and exited non-zero without."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    script = pathlib.Path(__file__).parents[1] / "examples" / "train_gpt.py"
+    out = tmp_path / "r.json"
+    argv = [sys.executable, "-m", "fusewise", "diagnose", str(script), "--steps", "2",
+            "--warmup", "1", "--json", str(out)]  # fmt: skip
+    argv += ["--sizes", "seq=64,128"] if sizes else []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run(argv + ["--", "--steps", "30"], env=env, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, (done.stdout[-1500:], done.stderr[-3000:])
+    d = strict_json(out.read_text())
+    assert d["device"]["type"] == "cuda" and d["findings"]
+    assert any(s["analysis"] == "memory-scaling" for s in d["skipped"]) != sizes

@@ -343,3 +343,23 @@ def test_attention_fallback_is_found_only_on_the_math_path():
     scores = 2 * 4 * 256 * 256 * 4
     assert f.bytes_avoidable > 2 * scores  # scores and probabilities at least written and read
     assert OpGraph.from_json(rec.graph.to_json()).attention == rec.graph.attention
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_diagnose_a_gpt_training_step_on_the_gpu(autocast):
+    """The README's first example on a real GPU step: it once raised IndexError on the H200."""
+    step, model, opt = gpt.make_step(variant="naive", device="cuda")
+
+    def run():
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            return step()
+
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = fusewise.diagnose(run, steps=3, warmup=1, restore=[model, opt])
+    d = json.loads(report.to_json())
+    assert not [s for s in d["skipped"] if s["reason"].startswith("failed")], d["skipped"]
+    patterns = {f["pattern"] for f in d["findings"] if f["kind"] == "fusion-chain"}
+    assert {"norm", "attention", "optimizer"} <= patterns
+    assert d["step"]["ops_recorded"] > 0 and d["top"][0]["ms_per_step"] > 0
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
