@@ -133,8 +133,7 @@ def _output_problem(path: str | None, flag: str, script: str, taken: dict) -> st
 def _diagnose_script(console: Console, args) -> int:
     from . import hardware
     from .capture.script import StepObserver
-    from .diagnose.driver import build_report, op_times
-    from .diagnose.timeline import timeline_from_profiler
+    from .diagnose.driver import build_report
 
     if args.steps < 1 or args.warmup < 0:
         console.print("[red]--steps must be >= 1 and --warmup >= 0[/]")
@@ -175,10 +174,9 @@ def _diagnose_script(console: Console, args) -> int:
         extra_findings = find_scaling(runs[0].recorder.graph, sizes[1], obs.recorder.graph,
                                       sizes[2], name=sizes[0], measured=measured)  # fmt: skip
     ceil = hardware.ceilings("cuda" if obs.cuda else "cpu")
-    report = build_report(obs.recorder.graph, op_times(obs.prof, args.steps, obs.cuda),
-                          obs.times_ms, obs.peak, ceil, obs.captured_ms,
-                          extra_findings=extra_findings, scaling_ran=bool(sizes),
-                          timeline=timeline_from_profiler(obs.prof, args.steps),
+    report = build_report(obs.recorder.graph, obs.op_ms, obs.times_ms, obs.peak, ceil,
+                          obs.captured_ms, extra_findings=extra_findings,
+                          scaling_ran=bool(sizes), timeline=obs.timeline,
                           loader_lines=obs.loader_lines)  # fmt: skip
     if args.json:  # files first: the terminal rendering must never cost them
         report.save_json(args.json)

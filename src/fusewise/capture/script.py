@@ -41,6 +41,7 @@ class StepObserver:
         self.times_ms: list[float] = []
         self.peak = None
         self.prof = None
+        self.op_ms, self.timeline = None, None
         self._loader_cm, self.loader_lines = None, None
         self.recorder = None
         self.captured_ms = None
@@ -70,6 +71,7 @@ class StepObserver:
         if k == w + 2 * s:
             self.prof.__exit__(None, None, None)
             self._loader_cm.__exit__(None, None, None)
+            self._read_profile()
             self.recorder = Recorder().__enter__()
         if k == w + 2 * s + 1:
             self.recorder.__exit__(None, None, None)
@@ -78,6 +80,18 @@ class StepObserver:
         if k == w and self.cuda:
             torch.cuda.reset_peak_memory_stats()
         self._t = time.perf_counter()
+
+    def _read_profile(self) -> None:
+        """Op times and the timeline, read from the profile as soon as it stops, and the profile
+        dropped: kineto's results must be read and freed before the next profiler session
+        starts (the recorder's, or the next run's with --sizes). Read after one, freeing them
+        crashed the process on the H200 (free() in MemoryTraceLogger's destructor, torch 2.11)."""
+        from ..diagnose.driver import op_times
+        from ..diagnose.timeline import timeline_from_profiler
+
+        self.op_ms = op_times(self.prof, self.steps, self.cuda)
+        self.timeline = timeline_from_profiler(self.prof, self.steps)
+        self.prof = None
 
     def run(self, path: str, argv: list[str]) -> None:
         global _active
@@ -100,6 +114,7 @@ class StepObserver:
                         ctx.__exit__(None, None, None)
                     except Exception:  # already closed
                         pass
+            self.prof = None  # never kept past its session (see _read_profile)
 
     @property
     def complete(self) -> bool:

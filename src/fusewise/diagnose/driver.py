@@ -68,6 +68,7 @@ def diagnose(step, steps: int = 5, warmup: int = 2, *, restore=(), ceilings=None
             _sync(cuda)
         op_ms = op_times(prof, steps, cuda)
         timeline = timeline_from_profiler(prof, steps)
+        del prof  # read and freed before the recorder's profiler starts (capture/script.py)
         with Recorder() as rec:
             t0 = time.perf_counter()  # the recorded step itself: not the profiler's start/stop
             step()
