@@ -5,6 +5,7 @@ classification exact on the CPU; a GPU-only test profiles a real step."""
 import pytest
 import torch
 
+from fusewise.capture import profiler
 from fusewise.capture.opgraph import OpGraph, OpRecord, Value
 from fusewise.diagnose import thresholds as T
 from fusewise.diagnose.findings import Finding
@@ -153,12 +154,13 @@ def test_a_real_step_shows_launch_overhead_sync_idle_and_loader_waits():
         torch.cuda._sleep(2_000_000)  # ~1 ms of device work after it
 
     step()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                            torch.profiler.ProfilerActivity.CUDA]) as prof:  # fmt: skip
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
+    prof = profiler.start(cuda=True)
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    profiler.stop(prof)
     tl = timeline_from_profiler(prof, 3)
+    profiler.release(prof)  # before the recorder's session (capture/profiler.py says why)
     with Recorder() as rec:
         step()
     from fusewise.diagnose.syncs import find_syncs
@@ -167,3 +169,16 @@ def test_a_real_step_shows_launch_overhead_sync_idle_and_loader_waits():
     assert {"launch-overhead", "data-loading"} <= set(found)
     assert found["data-loading"].est_saving_ms > 1.0  # 2 ms of sleep per batch
     assert "test_timeline.py" in found["launch-overhead"].where
+
+
+def test_a_released_profile_still_answers():
+    """profiler.release frees kineto's results at once (a profile sits in a reference cycle and
+    would otherwise be freed at a later garbage collection: a crash on the H200 once another
+    session had started), keeping the parsed events."""
+    x = torch.randn(64, 64)
+    prof = profiler.start(cuda=False)
+    (x @ x).sum()
+    profiler.stop(prof)
+    profiler.release(prof)
+    assert prof.profiler.kineto_results is None
+    assert any(e.key == "aten::mm" for e in prof.key_averages())

@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import cost
+from . import profiler
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 # ops whose schema says "new tensor" but which return a view of their input's storage
@@ -338,12 +339,8 @@ class Recorder:
         if self.profile:
             # GPU op times come from the profiler's kernel records (CUPTI): CUDA events around
             # each op would also count the host time the recorder itself spends between ops
-            acts = [torch.profiler.ProfilerActivity.CPU]
-            if torch.cuda.is_available():
-                acts.append(torch.profiler.ProfilerActivity.CUDA)
             try:
-                self._prof = torch.profiler.profile(activities=acts)
-                self._prof.__enter__()
+                self._prof = profiler.start(torch.cuda.is_available())
             except RuntimeError:  # another profiler is running: fall back to CUDA events
                 self._prof = None
         self._modes = [_LineOfNode(self._node_lines), _AttentionCalls(self), _Dispatch(self)]
@@ -357,10 +354,11 @@ class Recorder:
         if self._prof is not None:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-            self._prof.__exit__(None, None, None)
+            profiler.stop(self._prof)
             for e in self._prof.events():
                 if e.name.startswith(_RANGE):
                     self.graph.ops[int(e.name[len(_RANGE) :])].ms = e.device_time_total / 1e3
+            profiler.release(self._prof)
             self._prof = None
         if self._events:
             torch.cuda.synchronize()

@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from . import profiler
 from .loader import loader_lines
 from .opgraph import Recorder
 
@@ -61,15 +62,11 @@ class StepObserver:
         if k == w + s and self.cuda:
             self.peak = torch.cuda.max_memory_allocated()
         if k == w + s:
-            acts = [torch.profiler.ProfilerActivity.CPU]
-            if self.cuda:
-                acts.append(torch.profiler.ProfilerActivity.CUDA)
-            self.prof = torch.profiler.profile(activities=acts)
-            self.prof.__enter__()
+            self.prof = profiler.start(self.cuda)
             self._loader_cm = loader_lines()  # the lines that take batches meanwhile
             self.loader_lines = self._loader_cm.__enter__()
         if k == w + 2 * s:
-            self.prof.__exit__(None, None, None)
+            profiler.stop(self.prof)
             self._loader_cm.__exit__(None, None, None)
             self._read_profile()
             self.recorder = Recorder().__enter__()
@@ -82,15 +79,14 @@ class StepObserver:
         self._t = time.perf_counter()
 
     def _read_profile(self) -> None:
-        """Op times and the timeline, read from the profile as soon as it stops, and the profile
-        dropped: kineto's results must be read and freed before the next profiler session
-        starts (the recorder's, or the next run's with --sizes). Read after one, freeing them
-        crashed the process on the H200 (free() in MemoryTraceLogger's destructor, torch 2.11)."""
+        """Op times and the timeline, read from the profile as soon as it stops, and its results
+        freed before the next profiler session starts (capture/profiler.py says why)."""
         from ..diagnose.driver import op_times
         from ..diagnose.timeline import timeline_from_profiler
 
         self.op_ms = op_times(self.prof, self.steps, self.cuda)
         self.timeline = timeline_from_profiler(self.prof, self.steps)
+        profiler.release(self.prof)
         self.prof = None
 
     def run(self, path: str, argv: list[str]) -> None:
@@ -114,7 +110,9 @@ class StepObserver:
                         ctx.__exit__(None, None, None)
                     except Exception:  # already closed
                         pass
-            self.prof = None  # never kept past its session (see _read_profile)
+            if self.prof is not None:
+                profiler.release(self.prof)
+                self.prof = None
 
     @property
     def complete(self) -> bool:

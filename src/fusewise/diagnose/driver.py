@@ -21,6 +21,7 @@ import time
 import torch
 
 from .. import hardware
+from ..capture import profiler
 from ..capture.loader import loader_lines
 from ..capture.opgraph import Recorder
 from ..report import Report
@@ -59,16 +60,17 @@ def diagnose(step, steps: int = 5, warmup: int = 2, *, restore=(), ceilings=None
             _sync(cuda)
             times.append((time.perf_counter() - t0) * 1e3)
         peak = torch.cuda.max_memory_allocated() if cuda else None
-        acts = [torch.profiler.ProfilerActivity.CPU]
-        if cuda:
-            acts.append(torch.profiler.ProfilerActivity.CUDA)
-        with torch.profiler.profile(activities=acts) as prof, loader_lines() as batch_lines:
-            for _ in range(steps):
-                step()
-            _sync(cuda)
+        prof = profiler.start(cuda)
+        try:
+            with loader_lines() as batch_lines:
+                for _ in range(steps):
+                    step()
+                _sync(cuda)
+        finally:
+            profiler.stop(prof)
         op_ms = op_times(prof, steps, cuda)
         timeline = timeline_from_profiler(prof, steps)
-        del prof  # read and freed before the recorder's profiler starts (capture/script.py)
+        profiler.release(prof)  # before the recorder's profiler starts (capture/profiler.py)
         with Recorder() as rec:
             t0 = time.perf_counter()  # the recorded step itself: not the profiler's start/stop
             step()
