@@ -57,7 +57,7 @@ def test_diagnose_script_stops_after_the_measured_steps(tmp_path):
 def test_diagnose_script_with_fusewise_step(tmp_path):
     script = write(tmp_path, "infer.py", INFER)
     out = tmp_path / "r.html"
-    assert main(["diagnose", script, "--steps", "1", "--warmup", "0", "--html", str(out)]) == 0
+    assert main(["diagnose", script, "--steps", "1", "--warmup", "1", "--html", str(out)]) == 0
     assert "<svg" in out.read_text()
 
 
@@ -111,7 +111,7 @@ for i in range(20):
 def test_sizes_fits_the_memory_exponent(sdpa, tmp_path):
     script = write(tmp_path, "attn.py", ATTN)
     out = tmp_path / "r.json"
-    args = ["diagnose", script, "--steps", "1", "--warmup", "0", "--sizes", "seq=256,512",
+    args = ["diagnose", script, "--steps", "1", "--warmup", "1", "--sizes", "seq=256,512",
             "--json", str(out)] + (["--", "--sdpa"] if sdpa else [])  # fmt: skip
     assert main(args) == 0
     d = json.loads(out.read_text())
@@ -163,7 +163,7 @@ def test_user_strings_are_never_markup(tmp_path, capsys):
     folder.mkdir(parents=True)
     script = write(folder, "train[bold].py", TRAIN)
     out, page = tmp_path / "r.json", tmp_path / "r.html"
-    rc = main(["diagnose", script, "--steps", "1", "--warmup", "0", "--json", str(out),
+    rc = main(["diagnose", script, "--steps", "1", "--warmup", "1", "--json", str(out),
                "--html", str(page), "--", "50", str(tmp_path / "m.txt")])  # fmt: skip
     assert rc == 0 and out.exists() and page.exists()
     d = strict_json(out.read_text())
@@ -209,7 +209,7 @@ def test_console_entry_exits_with_the_diagnosis_status(tmp_path):
     out = tmp_path / "r.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     ok = subprocess.run([sys.executable, "-m", "fusewise", "diagnose", script, "--steps", "1",
-                         "--warmup", "0", "--json", str(out), "--", "50", str(tmp_path / "m")],
+                         "--warmup", "1", "--json", str(out), "--", "50", str(tmp_path / "m")],
                         env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert strict_json(out.read_text())["step"]["steps_measured"] == 1
@@ -245,3 +245,141 @@ def test_cli_on_a_gpu_training_script_exits_0(sizes, entry, tmp_path):
     d = strict_json(out.read_text())
     assert d["device"]["type"] == "cuda" and d["findings"]
     assert any(s["analysis"] == "memory-scaling" for s in d["skipped"]) != sizes
+
+
+# --- the runner on real scripts ----------------------------------------------------------------
+
+MODEL = """
+import torch
+class Tiny(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.proj = torch.nn.Linear(d, d)
+    def forward(self, x):  # x [B, S, d]: [B, S, S] scores, quadratic in S
+        return torch.softmax(x @ x.transpose(1, 2), -1) @ self.proj(x)
+"""
+
+# nanoGPT's configurator: --key=value overrides a global of the same name and type
+CONFIGURATOR = """
+import sys
+from ast import literal_eval
+for arg in sys.argv[1:]:
+    assert arg.startswith("--") and "=" in arg, arg
+    key, val = arg[2:].split("=")
+    if key not in globals():
+        raise ValueError(f"Unknown config key: {key}")
+    attempt = literal_eval(val)
+    assert type(attempt) == type(globals()[key])
+    globals()[key] = attempt
+"""
+
+NANO_TRAIN = """
+import os, sys, torch
+from model import Tiny  # a sibling module: needs the script's folder on sys.path
+block_size = 16
+steps = 40
+exec(open(os.path.join(os.path.dirname(__file__), "configurator.py")).read())
+def main():
+    model = Tiny(32)
+    opt = torch.optim.AdamW(model.parameters())
+    for _ in range(steps):
+        model(torch.randn(4, block_size, 32)).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return 0
+if __name__ == "__main__":
+    sys.exit(main())
+"""
+
+
+def test_nanogpt_shaped_script_from_another_folder_with_sizes(tmp_path, monkeypatch):
+    """A multi-file script (sibling import, `--key=value` configurator, sys.exit(main())) run
+    from another working directory, at two sizes: found and fitted as python would run it."""
+    import sys
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    write(proj, "model.py", MODEL)
+    write(proj, "configurator.py", CONFIGURATOR)
+    script = write(proj, "train.py", NANO_TRAIN)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    path_before = list(sys.path)
+    out = tmp_path / "r.json"
+    rc = main(["diagnose", script, "--steps", "1", "--warmup", "1", "--sizes",
+               "block_size=256,512", "--json", str(out), "--", "--steps=40"])  # fmt: skip
+    assert rc == 0 and sys.path == path_before
+    d = strict_json(out.read_text())
+    (fit,) = [f for f in d["findings"] if f["title"].startswith("peak memory grows")]
+    assert fit["evidence"]["exponent"] >= 1.9 and fit["where"].endswith("model.py:8")
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [(["--steps=40"], ["--steps=40", "--seq=64"]),
+     (["--seq=8", "--steps=40"], ["--seq=64", "--steps=40"]),
+     (["--seq", "8", "-v"], ["--seq", "64", "-v"])],
+    ids=["appended", "key-value-replaced", "two-args-replaced"],
+)  # fmt: skip
+def test_sizes_argument_takes_the_scripts_own_form(args, expected):
+    from fusewise.cli import _with_size
+
+    assert _with_size(args, "seq", "64") == expected
+
+
+STEPS_THEN = """
+import argparse, sys, torch
+ap = argparse.ArgumentParser()
+ap.add_argument("--end", default="finish")
+a = ap.parse_args()
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(2):
+    model(torch.randn(2, 8)).sum().backward()
+    opt.step()
+if a.end == "exit":
+    sys.exit(0)
+if a.end == "raise":
+    def load_batch():
+        raise ValueError("no more data")
+    load_batch()
+"""
+
+
+@pytest.mark.parametrize(
+    "script_args, said",
+    [(["--end", "finish"], "ended after 2 step(s); the diagnosis needs 4"),
+     (["--end", "exit"], "exited (sys.exit(0)) after 2 step(s); the diagnosis needs 4"),
+     (["--help"], "exited (sys.exit(0)) after 0 step(s)"),
+     (["--nope"], "exited (sys.exit(2)) after 0 step(s); the diagnosis needs 4 (--warmup 1 + 2 x "
+                  "--steps 1 + 1). A step ends at each optimizer.step() or fusewise.step(). It "
+                  "stopped before its first step"),
+     (["--end", "raise"], "raised ValueError in step 3 (a profiled step) at ")],
+    ids=["finished", "sys-exit", "help", "bad-argument", "raised"],
+)  # fmt: skip
+def test_how_the_script_ended_is_said(script_args, said, tmp_path, capsys):
+    script = write(tmp_path, "train.py", STEPS_THEN)
+    rc = main(["diagnose", script, "--steps", "1", "--warmup", "1", "--", *script_args])
+    out = capsys.readouterr().out
+    assert rc == 1 and said in " ".join(out.split())
+    if script_args == ["--end", "raise"]:
+        line = next(i for i, t in enumerate(STEPS_THEN.splitlines(), 1) if "raise ValueError" in t)
+        assert f"train.py:{line}: no more data" in out  # the innermost user line, named first
+        tb = out[out.index("Traceback"):]
+        assert "load_batch()" in tb and "runpy" not in tb and "capture/script.py" not in tb
+
+
+def test_warmup_0_is_refused_for_a_script(tmp_path, capsys):
+    script = write(tmp_path, "train.py", STEPS_THEN)
+    assert main(["diagnose", script, "--warmup", "0"]) == 2
+    assert "--warmup must be at least 1" in " ".join(capsys.readouterr().out.split())
+
+
+def test_script_arguments_without_the_separator_get_a_hint(tmp_path, capsys):
+    script = write(tmp_path, "train.py", STEPS_THEN)
+    with pytest.raises(SystemExit) as e:
+        main(["diagnose", script, "--end", "exit"])
+    assert e.value.code == 2
+    assert f"arguments for the script go after --: fusewise diagnose {script} [options] -- " \
+           f"--end exit" in capsys.readouterr().err  # fmt: skip

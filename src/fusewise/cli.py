@@ -10,6 +10,16 @@ from rich.console import Console
 from rich.text import Text
 
 
+_DIAGNOSE_HELP = """\
+Run SCRIPT in this process, as `python SCRIPT ARGS` would, and diagnose its steps.
+
+A step ends at each optimizer.step() (any torch optimizer). A loop without an optimizer
+(inference, decoding) marks its steps itself: call fusewise.step() at the end of each.
+The first --warmup steps run untouched, the next --steps are timed, the next --steps are
+profiled, and one more is recorded op by op; then the script is stopped. It needs
+warmup + 2 x steps + 1 steps in all, and says so if the script ends sooner."""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     script_args: list[str] = []
@@ -21,15 +31,23 @@ def main(argv: list[str] | None = None) -> int:
     env = sub.add_parser("env", help="versions and the device's measured ceilings")
     env.add_argument("--refresh", action="store_true", help="measure again, ignoring the cache")
     env.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda if present)")
-    dg = sub.add_parser("diagnose", help="run SCRIPT in-process and diagnose its steps")
+    dg = sub.add_parser(
+        "diagnose", help="run SCRIPT in-process and diagnose its steps",
+        formatter_class=argparse.RawDescriptionHelpFormatter, description=_DIAGNOSE_HELP,
+        epilog="Arguments after -- are passed to SCRIPT: fusewise diagnose train.py --steps 3 "
+               "-- --batch_size=8",
+    )  # fmt: skip
     dg.add_argument("script")
     dg.add_argument("--steps", type=int, default=5, help="steps timed, and steps profiled")
-    dg.add_argument("--warmup", type=int, default=2, help="steps run first, untouched")
+    dg.add_argument("--warmup", type=int, default=2,
+                    help="steps run first, untouched (at least 1: a step is timed from the end "
+                         "of the one before)")  # fmt: skip
     dg.add_argument("--json", default=None, help="write the report as JSON here")
     dg.add_argument("--html", default=None, help="write a self-contained HTML report here")
     dg.add_argument("--sizes", default=None, metavar="NAME=V1,V2",
-                    help="run the script twice, with --NAME V1 and --NAME V2 appended, and fit "
-                         "how peak memory scales (e.g. seq_len=512,1024)")  # fmt: skip
+                    help="run the script twice, with --NAME=V1 and then --NAME=V2 (replacing "
+                         "a --NAME given after --, in its form), and fit how peak memory "
+                         "scales (e.g. seq_len=512,1024)")  # fmt: skip
     demo = sub.add_parser("demo", help="diagnose a built-in GPT step, fix it, diagnose again")
     demo.add_argument("--steps", type=int, default=7, help="steps timed and profiled per variant")
     demo.add_argument("--warmup", type=int, default=2)
@@ -40,8 +58,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=["diagnose", "norms"],
         help="diagnose (default), or norms: the fused norms against eager PyTorch",
     )
-    dg.epilog = "Arguments after -- are passed to SCRIPT."
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        hint = ""
+        if args.command == "diagnose":
+            hint = (f"; arguments for the script go after --: fusewise diagnose {args.script} "
+                    f"[options] -- {' '.join(unknown)}")  # fmt: skip
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     args.script_args = script_args
     console = Console(width=None if sys.stdout.isatty() else 150)
     if args.command == "env":
@@ -135,8 +158,10 @@ def _diagnose_script(console: Console, args) -> int:
     from .capture.script import StepObserver
     from .diagnose.driver import build_report
 
-    if args.steps < 1 or args.warmup < 0:
-        console.print("[red]--steps must be >= 1 and --warmup >= 0[/]")
+    if args.steps < 1 or args.warmup < 1:
+        console.print(Text("--steps and --warmup must be at least 1 (a step of a script is "
+                           "timed from the end of the one before, so the first is never "
+                           "timed)", style="red"))  # fmt: skip
         return 2
     if not os.path.isfile(args.script):
         console.print(Text(f"no such script: {args.script}", style="red"))
@@ -153,16 +178,16 @@ def _diagnose_script(console: Console, args) -> int:
                            f"{args.sizes!r}", style="red"))  # fmt: skip
         return 2
     runs = []
-    for extra in [[f"--{sizes[0]}", _num(v)] for v in sizes[1:]] if sizes else [[]]:
+    variants = [_with_size(args.script_args, sizes[0], _num(v)) for v in sizes[1:]] if sizes \
+        else [args.script_args]  # fmt: skip
+    for script_args in variants:
         obs = StepObserver(args.steps, args.warmup)
-        obs.run(args.script, args.script_args + extra)
-        need = args.warmup + 2 * args.steps + 1
+        obs.run(args.script, script_args)
         if not obs.complete:
-            console.print(Text(f"{args.script} ended after {obs.ends} step(s); the diagnosis "
-                               f"needs {need} (--warmup {args.warmup} + 2 x --steps "
-                               f"{args.steps} + 1). A step ends at each optimizer.step() or "
-                               "fusewise.step(); lower --steps/--warmup or run the script "
-                               "longer.", style="red"))  # fmt: skip
+            said = obs.shortfall(args.script)
+            if sizes:
+                said += f"\n(run with the arguments {script_args}, for --sizes {args.sizes})"
+            console.print(Text(said, style="red"))
             return 1
         runs.append(obs)
     obs = runs[-1]
@@ -186,9 +211,28 @@ def _diagnose_script(console: Console, args) -> int:
     return 0
 
 
+def _with_size(args: list[str], name: str, value: str) -> list[str]:
+    """The script's arguments with --name set to value: an existing `--name=x` or `--name x`
+    is replaced in its own form; otherwise `--name=value` is appended (one argument, which
+    argparse, click and nanoGPT's `--key=value` configurator all read)."""
+    flag = f"--{name}"
+    out, i, found = [], 0, False
+    while i < len(args):
+        if args[i].startswith(flag + "="):
+            out.append(f"{flag}={value}")
+            found = True
+        elif args[i] == flag and i + 1 < len(args):
+            out += [flag, value]
+            found, i = True, i + 1
+        else:
+            out.append(args[i])
+        i += 1
+    return out if found else [*out, f"{flag}={value}"]
+
+
 def _parse_sizes(text: str):
     """'seq_len=512,1024' -> ('seq_len', 512.0, 1024.0), or None if malformed."""
-    name, _, values = text.partition("=")
+    name, _, values = text.lstrip("-").partition("=")
     try:
         a, b = (float(v) for v in values.split(","))
     except ValueError:

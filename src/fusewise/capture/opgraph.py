@@ -105,7 +105,7 @@ class OpGraph:
 _SHOWN: dict[str, str | None] = {}  # code file -> how a line in it is shown (None: not user code)
 
 
-def _shown_path(path: str, skip_dirs) -> str | None:
+def shown_path(path: str, skip_dirs) -> str | None:
     if path not in _SHOWN:
         user = not path.startswith(skip_dirs) or path.startswith(_EXAMPLES_DIR)
         if user and not path.startswith("<"):
@@ -121,7 +121,7 @@ def user_line(skip_dirs=(_TORCH_DIR, _FUSEWISE_DIR)) -> str:
     the recorder asks for every op; the working directory is assumed not to change meanwhile.)"""
     frame = sys._getframe(1)
     while frame is not None:
-        shown = _shown_path(frame.f_code.co_filename, skip_dirs)
+        shown = shown_path(frame.f_code.co_filename, skip_dirs)
         if shown is not None:
             return f"{shown}:{frame.f_lineno}"
         frame = frame.f_back

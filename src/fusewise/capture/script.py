@@ -10,15 +10,19 @@ the observations are returned. A script that ends sooner is reported with what i
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 import time
+import traceback
 
 import torch
 
 from . import profiler
 from .loader import loader_lines
-from .opgraph import Recorder
+from .opgraph import _FUSEWISE_DIR, _TORCH_DIR, Recorder
+
+_SKIP_DIRS = (_TORCH_DIR, _FUSEWISE_DIR)
 
 
 class StopScript(BaseException):
@@ -47,6 +51,7 @@ class StepObserver:
         self.recorder = None
         self.captured_ms = None
         self._t = None
+        self.ended, self.exit_code, self.error = None, None, None
 
     def _sync(self):
         if self.cuda:
@@ -90,19 +95,36 @@ class StepObserver:
         self.prof = None
 
     def run(self, path: str, argv: list[str]) -> None:
+        """Run the script as `python path *argv` would, in this process: sys.argv, sys.path[0]
+        (the script's folder, so its sibling modules import), `__file__` (absolute) and
+        `__name__ == "__main__"`; the working directory is left as it is. How it ended is kept
+        in `self.ended`: "stopped" (enough steps), "finished", "exit" (SystemExit, code in
+        `self.exit_code`) or "raised" (the exception in `self.error`, in step `self.ends + 1`)."""
         global _active
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         hook = register_optimizer_step_post_hook(lambda *_: self.boundary())
-        old_argv, _active = sys.argv, self
+        old_argv, old_path0, _active = sys.argv, sys.path[0] if sys.path else None, self
         sys.argv = [path, *argv]
+        folder = os.path.dirname(os.path.realpath(path))
+        if sys.path:
+            sys.path[0] = folder
+        else:
+            sys.path.append(folder)
         self._t = time.perf_counter()
         try:
-            runpy.run_path(path, run_name="__main__")
+            runpy.run_path(os.path.abspath(path), run_name="__main__")
+            self.ended = "finished"
         except StopScript:
-            pass
+            self.ended = "stopped"
+        except SystemExit as e:
+            self.ended, self.exit_code = "exit", e.code
+        except Exception as e:  # noqa: BLE001  (the user's error, reported with its step)
+            self.ended, self.error = "raised", e
         finally:
             sys.argv, _active = old_argv, None
+            if old_path0 is not None:
+                sys.path[0] = old_path0
             hook.remove()
             for ctx in (self.recorder, self.prof, self._loader_cm):  # ended mid-way: close
                 if ctx is not None and self.captured_ms is None:
@@ -114,6 +136,68 @@ class StepObserver:
                 profiler.release(self.prof)
                 self.prof = None
 
+    def phase(self, step: int) -> str:
+        """What the diagnosis was doing in step `step` (1-based)."""
+        w, s = self.warmup, self.steps
+        if step <= w:
+            return "a warm-up step"
+        if step <= w + s:
+            return "a timed step"
+        return "a profiled step" if step <= w + 2 * s else "the recorded step"
+
     @property
     def complete(self) -> bool:
         return self.captured_ms is not None
+
+    @property
+    def needed(self) -> int:
+        return self.warmup + 2 * self.steps + 1
+
+    def shortfall(self, script: str) -> str:
+        """Why an incomplete run gave no diagnosis, in words: how the script ended, after how
+        many steps, how many were needed, and (for an exception) the traceback with the
+        runner's own frames left out."""
+        need = (f"the diagnosis needs {self.needed} (--warmup {self.warmup} + 2 x --steps "
+                f"{self.steps} + 1). A step ends at each optimizer.step() or fusewise.step()")  # fmt: skip
+        n = self.ends
+        if self.ended == "raised":
+            e = self.error
+            where = _innermost_user_frame(e)
+            return (f"{script} raised {type(e).__name__} in step {n + 1} "
+                    f"({self.phase(n + 1)}){where}: {e}\n\n{_traceback(e)}")  # fmt: skip
+        if self.ended == "exit":
+            head = f"{script} exited (sys.exit({self.exit_code!r})) after {n} step(s); {need}."
+            if n == 0 and self.exit_code not in (0, None):
+                head += (" It stopped before its first step: check the arguments it was given "
+                         "(the script's own arguments go after --).")  # fmt: skip
+            return head
+        return (f"{script} ended after {n} step(s); {need}; lower --steps/--warmup or run the "
+                f"script longer.")  # fmt: skip
+
+
+_PLUMBING = (os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>")
+
+
+def _traceback(e: BaseException) -> str:
+    """The exception as Python prints it, without the frames of this runner and runpy (the
+    script's frames then come first)."""
+    te = traceback.TracebackException.from_exception(e)
+    te.stack = traceback.StackSummary.from_list(
+        [f for f in te.stack if os.path.abspath(f.filename) not in _PLUMBING
+         and f.filename not in _PLUMBING]
+    )  # fmt: skip
+    return "".join(te.format()).rstrip()
+
+
+def _innermost_user_frame(e: BaseException) -> str:
+    """' at path:line' of the innermost frame outside torch and fusewise, or ''."""
+    from .opgraph import shown_path
+
+    frames = traceback.extract_tb(e.__traceback__)
+    for f in reversed(frames):
+        if f.filename in _PLUMBING or os.path.abspath(f.filename) in _PLUMBING:
+            continue
+        shown = shown_path(f.filename, _SKIP_DIRS)
+        if shown is not None:
+            return f" at {shown}:{f.lineno}"
+    return ""
