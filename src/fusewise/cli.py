@@ -7,6 +7,7 @@ import os
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 
 
@@ -89,7 +90,7 @@ def _env(console: Console, device: str | None, refresh: bool) -> int:
     from . import __version__, hardware
 
     c = hardware.ceilings(device, refresh=refresh)
-    t = Table(title=f"fusewise {__version__} on {c.device_name}", show_header=False)
+    t = Table(title=f"fusewise {__version__} on {escape(c.device_name)}", show_header=False)
     t.add_row("python", platform.python_version())
     t.add_row("versions", hardware.versions())
     t.add_row("memory bandwidth", f"{c.bandwidth_GBps:,.0f} GB/s (copy, read + write; {c.source})")

@@ -15,6 +15,7 @@ import time
 import torch
 import torch.nn.functional as F
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import cost, hardware, ops
@@ -45,7 +46,7 @@ def run(console: Console) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     gpu = device.type == "cuda"
     ceil = hardware.ceilings(device)
-    console.print(f"[bold]fusewise demo[/] on {ceil.device_name}: copy ceiling "
+    console.print(f"[bold]fusewise demo[/] on {escape(ceil.device_name)}: copy ceiling "
                   f"{ceil.bandwidth_GBps:,.0f} GB/s, matmul {ceil.matmul_TFLOPs:,.1f} TFLOP/s, "
                   f"ridge {ceil.ridge:,.0f} FLOP/byte ({ceil.source})")  # fmt: skip
     dtype = torch.bfloat16 if gpu else torch.float32
