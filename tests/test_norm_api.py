@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import fusewise
 from fusewise.ops import _dispatch
-from norm_cases import make_inputs, rel_err
+from norm_cases import DTYPES, SLACK, make_inputs, rel_err
 
 # --- bad input: a clear error naming the argument ----------------------------------------------
 
@@ -141,10 +141,49 @@ def test_rmsnorm_module_matches_torch(device):
         theirs.weight.normal_()
     ours.load_state_dict(theirs.state_dict())
     x = torch.randn(6, 40, device=device)
-    assert rel_err(ours(x), theirs(x)) < 1e-6  # eps=None: torch.finfo(dtype).eps, as torch
+    assert rel_err(ours(x), theirs(x)) < 1e-6  # eps=None: torch's default, as torch
     ours_eps = fusewise.nn.RMSNorm(40, eps=1e-3).to(device)
     ours_eps.load_state_dict(theirs.state_dict())
     assert rel_err(ours_eps(x), F.rms_norm(x, (40,), theirs.weight, 1e-3)) < 1e-6
+
+
+@pytest.mark.parametrize("dname", ["fp32", "bf16", "fp16"])
+def test_rmsnorm_eps_none_is_torchs_rule(dname, device):
+    """eps=None (nn.RMSNorm's default) is the eps of the op-math dtype: float32's for bf16 and
+    fp16, not the activation dtype's (bf16's is 0.0078: a 2.1 difference on small inputs). Held
+    to torch.nn.RMSNorm's own error against float64 with that eps; reached through the module,
+    a patched torch module, rms_norm and add_rms_norm."""
+    dtype = DTYPES[dname]
+    x = (1e-3 * torch.randn(6, 40, device=device)).to(dtype)  # small inputs: eps matters
+    r = (1e-3 * torch.randn(6, 40, device=device)).to(dtype)
+    theirs = torch.nn.RMSNorm(40, device=device, dtype=dtype)
+    with torch.no_grad():
+        theirs.weight.normal_()
+    w = theirs.weight
+    eps32 = torch.finfo(torch.float32).eps
+    ref = F.rms_norm(x.double(), (40,), w.double(), eps32)
+    base_err = rel_err(theirs(x), ref)
+    assert base_err < 1e-2  # torch's rule, checked against torch itself
+    patched = torch.nn.Sequential(torch.nn.RMSNorm(40, device=device, dtype=dtype))
+    patched.load_state_dict({"0.weight": w.detach()})
+    fusewise.patch(patched)
+    ours = fusewise.nn.RMSNorm(40, device=device, dtype=dtype)
+    ours.load_state_dict(theirs.state_dict())
+    for y in (ours(x), patched(x), fusewise.ops.rms_norm(x, w, eps=None)):
+        assert rel_err(y, ref) <= base_err + SLACK[dtype]
+    h = x + r
+    y, _ = fusewise.ops.add_rms_norm(x, r, w, eps=None)
+    ref_h = F.rms_norm(h.double(), (40,), w.double(), eps32)
+    assert rel_err(y, ref_h) <= rel_err(F.rms_norm(h, (40,), w), ref_h) + SLACK[dtype]
+
+
+def test_rmsnorm_eps_none_float64_is_float64s(device):
+    """Float64 (the reference path) takes float64's eps, as F.rms_norm does."""
+    x = 1e-8 * torch.randn(3, 8, dtype=torch.float64, device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the float64 fallback warning, tested elsewhere
+        y = fusewise.ops.rms_norm(x, None, eps=None)
+    assert rel_err(y, F.rms_norm(x, (8,), None, None)) < 1e-12
 
 
 # --- torch.library: opcheck, torch.compile, CUDA graphs -----------------------------------------

@@ -27,8 +27,8 @@ class LayerNorm(torch.nn.LayerNorm):
 
 
 class RMSNorm(torch.nn.RMSNorm):
-    """torch.nn.RMSNorm computed by fusewise.ops.rms_norm. eps=None means torch's default,
-    torch.finfo(x.dtype).eps, as in torch.nn.RMSNorm."""
+    """torch.nn.RMSNorm computed by fusewise.ops.rms_norm. eps=None means torch's default, the
+    eps of the op-math dtype (float32's for bf16/fp16 input), as in torch.nn.RMSNorm."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = tuple(self.normalized_shape)
@@ -38,9 +38,8 @@ class RMSNorm(torch.nn.RMSNorm):
         n = 1
         for s in shape:
             n *= s
-        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         w = self.weight.reshape(n) if self.weight is not None else None
-        y = ops.rms_norm(x.reshape(*x.shape[: x.dim() - len(shape)], n), w, eps)
+        y = ops.rms_norm(x.reshape(*x.shape[: x.dim() - len(shape)], n), w, self.eps)
         return y.view(x.shape)
 
 

@@ -13,6 +13,7 @@ reads the normalised input and dy (and dh), writes dx, 3·M·N·s; dweight in fp
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from . import _norm_op
@@ -20,19 +21,28 @@ from ._validate import as_rows, check_floating, check_param, check_same_device
 from .layer_norm import _empty_like_through
 
 
-def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
-    """RMSNorm over the last dim of x [..., N]; weight: [N]. Returns x's shape and dtype."""
+def default_eps(dtype: torch.dtype) -> float:
+    """torch's eps=None for RMSNorm (F.rms_norm, nn.RMSNorm): the machine epsilon of the op-math
+    dtype, float32 for bf16/fp16/fp32 inputs and float64 for float64, not of x's dtype."""
+    return torch.finfo(torch.promote_types(dtype, torch.float32)).eps
+
+
+def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float | None = 1e-6) -> Tensor:
+    """RMSNorm over the last dim of x [..., N]; weight: [N]. Returns x's shape and dtype.
+    eps=None means torch's default (default_eps), as in F.rms_norm."""
     check_floating("x", x)
     check_param("weight", weight, x)
     if x.numel() == 0:
         return _empty_like_through(x, weight)
+    eps = default_eps(x.dtype) if eps is None else eps
     y, _ = _norm_op.norm(as_rows(x), None, weight, None, float(eps), True)
     return y.view(x.shape)
 
 
-def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None, eps: float = 1e-6):
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None, eps: float | None = 1e-6):
     """(rms_norm(x + residual, weight), x + residual) in one pass. x, residual: [..., N], same
-    shape and dtype; weight: [N]. Differentiable in x, residual and weight (both outputs)."""
+    shape and dtype; weight: [N]. Differentiable in x, residual and weight (both outputs).
+    eps=None means torch's default, as in rms_norm."""
     check_floating("x", x)
     check_floating("residual", residual)
     if residual.shape != x.shape:
@@ -47,5 +57,6 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None, eps: float 
     if x.numel() == 0:
         h = x + residual
         return _empty_like_through(h, weight), h
+    eps = default_eps(x.dtype) if eps is None else eps
     y, h = _norm_op.norm(as_rows(x), as_rows(residual), weight, None, float(eps), True)
     return y.view(x.shape), h.view(x.shape)
