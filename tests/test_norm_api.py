@@ -204,6 +204,17 @@ def test_opcheck(device):
     torch.library.opcheck(ops.norm_bwd.default, bwd_args)
 
 
+def test_custom_op_called_directly_refuses_layouts_the_kernels_cannot_read(device):
+    """fusewise.ops copies a strided weight and gives the kernels unit-stride rows; the custom op
+    called directly gets the same layouts checked, not read wrongly."""
+    x, w = torch.randn(4, 8, device=device), torch.randn(16, device=device)[::2]
+    with pytest.raises(ValueError, match="weight must be contiguous"):
+        torch.ops.fusewise.norm_fwd(x, None, w, None, 1e-5, False)
+    xt = torch.randn(8, 4, device=device).t()
+    with pytest.raises(ValueError, match="x must have unit stride along its last dim"):
+        torch.ops.fusewise.norm_fwd(xt, None, None, None, 1e-6, True)
+
+
 def test_compile_fullgraph_matches_eager(device):
     backend = "inductor" if device.type == "cuda" else "aot_eager"
 

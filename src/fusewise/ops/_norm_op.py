@@ -46,7 +46,15 @@ def backward_impl(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
 
 
 def norm(x, residual, weight, bias, eps: float, is_rms: bool) -> tuple[Tensor, Tensor]:
-    """(y, h or empty) with autograd, through the custom op when compiling, else directly."""
+    """(y, h or empty) with autograd, through the custom op when compiling, else directly.
+    weight, bias: [N] in any layout."""
+    # The kernels read weight and bias as contiguous [N]. A view (every other element, a
+    # 1-element tensor expanded to N) is copied here, before autograd, rather than giving every
+    # kernel two more strides: the copy is N elements beside the M·N of the rows, contiguous
+    # parameters (the usual case) pass through untouched, and autograd routes the gradient of
+    # the copy back to the tensor the user holds (summed over a broadcast).
+    weight = weight.contiguous() if weight is not None else None
+    bias = bias.contiguous() if bias is not None else None
     if torch.compiler.is_compiling():
         y, h, _, _ = norm_fwd(x, residual, weight, bias, eps, is_rms)
         return y, h
