@@ -48,6 +48,83 @@ def test_residual_mismatch(device):
         fusewise.ops.add_rms_norm(x, torch.randn(4, 8, device=device, dtype=torch.float16), None)
 
 
+def _call(op, x, **kw):
+    if op == "add_rms_norm":
+        return fusewise.ops.add_rms_norm(x, x.clone(), None, **kw)
+    return getattr(fusewise.ops, op)(x, **kw)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "add_rms_norm"])
+def test_zero_dim_x_names_x_and_the_shape_needed(op, device):
+    with pytest.raises(ValueError, match=r"x must have at least one dimension \(\[\.\.\., N\]"):
+        _call(op, torch.tensor(1.0, device=device))
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "add_rms_norm"])
+def test_sparse_x_names_x(op, device):
+    with pytest.raises(TypeError, match="x must be a dense"):
+        _call(op, torch.randn(3, 8).to_sparse().to(device))
+
+
+BAD_EPS = {
+    "negative": (-1e-5, ValueError, "eps must be a finite number >= 0, got -1e-05"),
+    "nan": (float("nan"), ValueError, "eps must be a finite number >= 0, got nan"),
+    "inf": (float("inf"), ValueError, "eps must be a finite number >= 0, got inf"),
+    "str": ("1e-5", TypeError, "eps must be a number .*, got str"),
+    "bool": (True, TypeError, "eps must be a number .*, got bool"),
+    "tensor": (
+        torch.tensor(1e-5),
+        TypeError,
+        r"eps must be a number .*, got a Tensor; .*float\(eps\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("what", list(BAD_EPS))
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "add_rms_norm"])
+def test_bad_eps_names_eps(op, what, device):
+    eps, error, message = BAD_EPS[what]
+    with pytest.raises(error, match=message):
+        _call(op, torch.randn(3, 8, device=device), eps=eps)
+    with pytest.raises(error, match=message):  # also on the empty-input path
+        _call(op, torch.randn(0, 8, device=device), eps=eps)
+
+
+def test_layer_norm_eps_none_is_an_error_naming_eps(device):
+    """F.layer_norm refuses eps=None (F.rms_norm takes it: see the RMSNorm eps tests)."""
+    with pytest.raises(TypeError, match="eps must be a number .*, got None"):
+        fusewise.ops.layer_norm(torch.randn(3, 8, device=device), eps=None)
+    with pytest.raises(TypeError, match="eps must be a number"):
+        fusewise.nn.LayerNorm(8, eps=None).to(device)(torch.randn(3, 8, device=device))
+
+
+def test_numpy_and_integer_eps_are_numbers(device):
+    """Eagerly and under torch.compile (where a numpy scalar is traced, not a numbers.Real)."""
+    import numpy as np
+
+    x = torch.randn(3, 8, device=device)
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    for op in ("layer_norm", "rms_norm"):
+        f = getattr(fusewise.ops, op)
+        assert torch.equal(f(x, eps=np.float32(0.25)), f(x, eps=0.25))
+        assert torch.equal(f(x, eps=np.int64(1)), f(x, eps=1.0))
+        compiled = torch.compile(
+            lambda t: f(t, eps=np.float32(0.25)), backend=backend, fullgraph=True
+        )
+        assert rel_err(compiled(x), f(x, eps=0.25)) < 1e-6
+
+
+def test_normalized_shape_where_weight_goes_says_so(device):
+    """F.layer_norm(x, normalized_shape, weight) habits: fusewise's ops take no normalized_shape."""
+    x = torch.randn(3, 8, device=device)
+    with pytest.raises(
+        TypeError, match=r"weight must be a torch.Tensor or None, got tuple.*normali"
+    ):
+        fusewise.ops.layer_norm(x, (8,))
+    with pytest.raises(TypeError, match=r"weight must be a torch.Tensor or None, got float"):
+        fusewise.ops.rms_norm(x, 1e-6)
+
+
 def test_module_wrong_normalized_shape(device):
     ln = fusewise.nn.LayerNorm(16).to(device)
     with pytest.raises(ValueError, match=r"normalized_shape \(16,\)"):

@@ -17,7 +17,14 @@ import torch
 from torch import Tensor
 
 from . import _norm_op
-from ._validate import as_rows, check_floating, check_param, check_same_device
+from ._validate import (
+    as_rows,
+    check_eps,
+    check_floating,
+    check_input,
+    check_param,
+    check_same_device,
+)
 from .layer_norm import _empty_like_through
 
 
@@ -28,14 +35,15 @@ def default_eps(dtype: torch.dtype) -> float:
 
 
 def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float | None = 1e-6) -> Tensor:
-    """RMSNorm over the last dim of x [..., N]; weight: [N]. Returns x's shape and dtype.
-    eps=None means torch's default (default_eps), as in F.rms_norm."""
-    check_floating("x", x)
+    """RMSNorm over the last dim of x [..., N]; weight: [N]. Returns x's shape and dtype. Any
+    layout of any input. eps: a number >= 0, or None for torch's default (default_eps), as in
+    F.rms_norm."""
+    check_input("x", x)
     check_param("weight", weight, x)
+    eps = check_eps(default_eps(x.dtype) if eps is None else eps)
     if x.numel() == 0:
         return _empty_like_through(x, weight)
-    eps = default_eps(x.dtype) if eps is None else eps
-    y, _ = _norm_op.norm(as_rows(x), None, weight, None, float(eps), True)
+    y, _ = _norm_op.norm(as_rows(x), None, weight, None, eps, True)
     return y.view(x.shape)
 
 
@@ -43,7 +51,7 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None, eps: float 
     """(rms_norm(x + residual, weight), x + residual) in one pass. x, residual: [..., N], same
     shape and dtype; weight: [N]. Differentiable in x, residual and weight (both outputs).
     eps=None means torch's default, as in rms_norm."""
-    check_floating("x", x)
+    check_input("x", x)
     check_floating("residual", residual)
     if residual.shape != x.shape:
         raise ValueError(
@@ -54,9 +62,9 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None, eps: float 
                         f"cast one of them first")  # fmt: skip
     check_same_device(x, residual=residual)
     check_param("weight", weight, x)
+    eps = check_eps(default_eps(x.dtype) if eps is None else eps)
     if x.numel() == 0:
         h = x + residual
         return _empty_like_through(h, weight), h
-    eps = default_eps(x.dtype) if eps is None else eps
-    y, h = _norm_op.norm(as_rows(x), as_rows(residual), weight, None, float(eps), True)
+    y, h = _norm_op.norm(as_rows(x), as_rows(residual), weight, None, eps, True)
     return y.view(x.shape), h.view(x.shape)
