@@ -69,9 +69,8 @@ class Case:
 
     @property
     def id(self) -> str:
-        dims = "-".join(
-            f"{k}{s}" for k, s in zip("BTN" if len(self.shape) == 3 else "MN", self.shape)
-        )
+        names = {1: "N", 2: "MN", 3: "BTN"}[len(self.shape)]
+        dims = "-".join(f"{k}{s}" for k, s in zip(names, self.shape))
         tags = [self.op, dims, self.dtype + ("-w32" if self.w_fp32 else "")]
         tags += ["norm2d"] * (self.norm_dims == 2) + ["wide"] * self.wide
         return "-".join(tags + [f"{r}:{k}" for r, k in self.layouts if k != "contiguous"])
@@ -79,7 +78,7 @@ class Case:
 
 def _draw_cases(seed: int = 9, per_op: int = 12) -> list[Case]:
     """per_op cases per op; each role cycles through its kinds (so every kind of every input
-    and gradient is drawn for every op), the first three cases are N=1, one row, and 3-D."""
+    and gradient is drawn for every op), the first four cases are 3-D, N=1, one row and 1-D."""
     rng = random.Random(seed)
     cases = []
     for op in OPS:
@@ -90,8 +89,11 @@ def _draw_cases(seed: int = 9, per_op: int = 12) -> list[Case]:
             shape = (rng.choice((1, 2, 3, 5)), n)
             if j == 0 or (j > 2 and rng.random() < 0.3):
                 shape = (rng.choice((1, 2)), rng.choice((1, 3)), n)
-            shape = {1: (3, 1), 2: (1, rng.choice((7, 33)))}.get(j, shape)
+            shape = {1: (3, 1), 2: (1, rng.choice((7, 33))), 3: (n,)}.get(j, shape)
             layouts = {r: order[r][j % len(order[r])] for r in roles}
+            for r in ("x", "residual"):  # 1-D: no rows to broadcast (that is "expand-last")
+                if len(shape) == 1 and layouts.get(r) == "expand-rows":
+                    layouts[r] = "strided"
             if layouts.get("dy") == layouts.get("dh") == "unused":
                 layouts["dh"] = "contiguous"
             if layouts.get("weight") == "absent" and op.startswith("nn."):
@@ -279,7 +281,7 @@ def test_cases_cover_every_kind_and_shape():
             assert {c.kind(role) for c in mine} >= set(_kinds(op, role)) - {"unused"}, (op, role)
         assert any(c.shape[-1] == 1 for c in mine) and any(c.shape[-1] % 2 for c in mine)
         assert any(math.prod(c.shape[:-1]) == 1 for c in mine)
-        assert any(len(c.shape) == 3 for c in mine)
+        assert any(len(c.shape) == 3 for c in mine) and any(len(c.shape) == 1 for c in mine)
     assert {c.dtype for c in CASES} == set(DTYPES) and any(c.w_fp32 for c in CASES)
     assert any(c.wide for c in CASES) and any(c.norm_dims == 2 for c in CASES)
 

@@ -106,9 +106,27 @@ def _rows(t: Tensor | None) -> Tensor | None:
     return t.contiguous()
 
 
+def _check_layout(**tensors) -> None:
+    """What the kernels assume (_norm_launch). norm() and the public ops arrange it; the custom
+    ops check it, as they can be called directly (the eager path skips the few microseconds)."""
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if t.dim() == 1:
+            ok, need = t.is_contiguous(), "be contiguous"
+        else:
+            ok, need = t.stride(-1) == 1 or t.shape[-1] <= 1, "have unit stride along its last dim"
+        if not ok:
+            raise ValueError(
+                f"{name} must {need} for the norm kernels, got strides {t.stride()}; "
+                f"pass {name}.contiguous(), or call fusewise.ops, which does"
+            )
+
+
 @torch.library.custom_op("fusewise::norm_fwd", mutates_args=())
 def norm_fwd(x: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Tensor | None,
              eps: float, is_rms: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    _check_layout(x=x, residual=residual, weight=weight, bias=bias)
     return forward_impl(x, residual, weight, bias, eps, is_rms)
 
 
@@ -124,6 +142,7 @@ def _(x, residual, weight, bias, eps, is_rms):
 def norm_bwd(dy: Tensor, dh: Tensor | None, x: Tensor, weight: Tensor | None, bias: Tensor | None,
              mean: Tensor, rstd: Tensor,
              is_rms: bool) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    _check_layout(dy=dy, dh=dh, x=x, weight=weight, bias=bias, mean=mean, rstd=rstd)
     return backward_impl(dy, dh, x, weight, bias, mean, rstd, is_rms)
 
 
