@@ -132,6 +132,10 @@ def test_module_wrong_normalized_shape(device):
     rms = fusewise.nn.RMSNorm([4, 4]).to(device)
     with pytest.raises(ValueError, match=r"normalized_shape \(4, 4\)"):
         rms(torch.randn(3, 16, device=device))
+    with pytest.raises(ValueError, match=r"normalized_shape \(16,\), got \(\)"):
+        ln(torch.tensor(1.0, device=device))
+    with pytest.raises(TypeError, match="RMSNorm expects a torch.Tensor, got list"):
+        rms([[1.0] * 4] * 4)
 
 
 # --- empty input ------------------------------------------------------------------------------
