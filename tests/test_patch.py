@@ -1,5 +1,6 @@
 import pickle
 
+import pytest
 import torch
 
 import fusewise
@@ -103,3 +104,8 @@ def test_subclass_with_its_own_forward_or_call_is_left_alone(device):
     assert "test_patch.MyNorm.forward" in changes[0].reason  # inherited from MyNorm
     assert "test_patch.CallNorm.__call__" in changes[1].reason
     assert type(model[0]) is MyNormChild and type(model[1]) is CallNorm
+
+
+def test_patch_of_something_else_names_model():
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module, got function"):
+        fusewise.patch(lambda x: x)

@@ -35,6 +35,8 @@ class Patched:
 def patch(model: torch.nn.Module) -> list[Patched]:
     """Swap the norms of `model` for fusewise's, in place. Returns one entry per norm found
     (norms already fused are not listed, so a second call lists only those left alone)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     changes = []
     for name, module in model.named_modules():
         base = next((b for b in _SWAPS if isinstance(module, b)), None)
