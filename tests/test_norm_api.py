@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import fusewise
 from fusewise.ops import _dispatch
-from norm_cases import make_inputs, rel_err
+from norm_cases import DTYPES, SLACK, make_inputs, rel_err
 
 # --- bad input: a clear error naming the argument ----------------------------------------------
 
@@ -48,6 +48,83 @@ def test_residual_mismatch(device):
         fusewise.ops.add_rms_norm(x, torch.randn(4, 8, device=device, dtype=torch.float16), None)
 
 
+def _call(op, x, **kw):
+    if op == "add_rms_norm":
+        return fusewise.ops.add_rms_norm(x, x.clone(), None, **kw)
+    return getattr(fusewise.ops, op)(x, **kw)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "add_rms_norm"])
+def test_zero_dim_x_names_x_and_the_shape_needed(op, device):
+    with pytest.raises(ValueError, match=r"x must have at least one dimension \(\[\.\.\., N\]"):
+        _call(op, torch.tensor(1.0, device=device))
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "add_rms_norm"])
+def test_sparse_x_names_x(op, device):
+    with pytest.raises(TypeError, match="x must be a dense"):
+        _call(op, torch.randn(3, 8).to_sparse().to(device))
+
+
+BAD_EPS = {
+    "negative": (-1e-5, ValueError, "eps must be a finite number >= 0, got -1e-05"),
+    "nan": (float("nan"), ValueError, "eps must be a finite number >= 0, got nan"),
+    "inf": (float("inf"), ValueError, "eps must be a finite number >= 0, got inf"),
+    "str": ("1e-5", TypeError, "eps must be a number .*, got str"),
+    "bool": (True, TypeError, "eps must be a number .*, got bool"),
+    "tensor": (
+        torch.tensor(1e-5),
+        TypeError,
+        r"eps must be a number .*, got a Tensor; .*float\(eps\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("what", list(BAD_EPS))
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "add_rms_norm"])
+def test_bad_eps_names_eps(op, what, device):
+    eps, error, message = BAD_EPS[what]
+    with pytest.raises(error, match=message):
+        _call(op, torch.randn(3, 8, device=device), eps=eps)
+    with pytest.raises(error, match=message):  # also on the empty-input path
+        _call(op, torch.randn(0, 8, device=device), eps=eps)
+
+
+def test_layer_norm_eps_none_is_an_error_naming_eps(device):
+    """F.layer_norm refuses eps=None (F.rms_norm takes it: see the RMSNorm eps tests)."""
+    with pytest.raises(TypeError, match="eps must be a number .*, got None"):
+        fusewise.ops.layer_norm(torch.randn(3, 8, device=device), eps=None)
+    with pytest.raises(TypeError, match="eps must be a number"):
+        fusewise.nn.LayerNorm(8, eps=None).to(device)(torch.randn(3, 8, device=device))
+
+
+def test_numpy_and_integer_eps_are_numbers(device):
+    """Eagerly and under torch.compile (where a numpy scalar is traced, not a numbers.Real)."""
+    import numpy as np
+
+    x = torch.randn(3, 8, device=device)
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    for op in ("layer_norm", "rms_norm"):
+        f = getattr(fusewise.ops, op)
+        assert torch.equal(f(x, eps=np.float32(0.25)), f(x, eps=0.25))
+        assert torch.equal(f(x, eps=np.int64(1)), f(x, eps=1.0))
+        compiled = torch.compile(
+            lambda t: f(t, eps=np.float32(0.25)), backend=backend, fullgraph=True
+        )
+        assert rel_err(compiled(x), f(x, eps=0.25)) < 1e-6
+
+
+def test_normalized_shape_where_weight_goes_says_so(device):
+    """F.layer_norm(x, normalized_shape, weight) habits: fusewise's ops take no normalized_shape."""
+    x = torch.randn(3, 8, device=device)
+    with pytest.raises(
+        TypeError, match=r"weight must be a torch.Tensor or None, got tuple.*normali"
+    ):
+        fusewise.ops.layer_norm(x, (8,))
+    with pytest.raises(TypeError, match=r"weight must be a torch.Tensor or None, got float"):
+        fusewise.ops.rms_norm(x, 1e-6)
+
+
 def test_module_wrong_normalized_shape(device):
     ln = fusewise.nn.LayerNorm(16).to(device)
     with pytest.raises(ValueError, match=r"normalized_shape \(16,\)"):
@@ -55,6 +132,10 @@ def test_module_wrong_normalized_shape(device):
     rms = fusewise.nn.RMSNorm([4, 4]).to(device)
     with pytest.raises(ValueError, match=r"normalized_shape \(4, 4\)"):
         rms(torch.randn(3, 16, device=device))
+    with pytest.raises(ValueError, match=r"normalized_shape \(16,\), got \(\)"):
+        ln(torch.tensor(1.0, device=device))
+    with pytest.raises(TypeError, match="RMSNorm expects a torch.Tensor, got list"):
+        rms([[1.0] * 4] * 4)
 
 
 # --- empty input ------------------------------------------------------------------------------
@@ -141,10 +222,49 @@ def test_rmsnorm_module_matches_torch(device):
         theirs.weight.normal_()
     ours.load_state_dict(theirs.state_dict())
     x = torch.randn(6, 40, device=device)
-    assert rel_err(ours(x), theirs(x)) < 1e-6  # eps=None: torch.finfo(dtype).eps, as torch
+    assert rel_err(ours(x), theirs(x)) < 1e-6  # eps=None: torch's default, as torch
     ours_eps = fusewise.nn.RMSNorm(40, eps=1e-3).to(device)
     ours_eps.load_state_dict(theirs.state_dict())
     assert rel_err(ours_eps(x), F.rms_norm(x, (40,), theirs.weight, 1e-3)) < 1e-6
+
+
+@pytest.mark.parametrize("dname", ["fp32", "bf16", "fp16"])
+def test_rmsnorm_eps_none_is_torchs_rule(dname, device):
+    """eps=None (nn.RMSNorm's default) is the eps of the op-math dtype: float32's for bf16 and
+    fp16, not the activation dtype's (bf16's is 0.0078: a 2.1 difference on small inputs). Held
+    to torch.nn.RMSNorm's own error against float64 with that eps; reached through the module,
+    a patched torch module, rms_norm and add_rms_norm."""
+    dtype = DTYPES[dname]
+    x = (1e-3 * torch.randn(6, 40, device=device)).to(dtype)  # small inputs: eps matters
+    r = (1e-3 * torch.randn(6, 40, device=device)).to(dtype)
+    theirs = torch.nn.RMSNorm(40, device=device, dtype=dtype)
+    with torch.no_grad():
+        theirs.weight.normal_()
+    w = theirs.weight
+    eps32 = torch.finfo(torch.float32).eps
+    ref = F.rms_norm(x.double(), (40,), w.double(), eps32)
+    base_err = rel_err(theirs(x), ref)
+    assert base_err < 1e-2  # torch's rule, checked against torch itself
+    patched = torch.nn.Sequential(torch.nn.RMSNorm(40, device=device, dtype=dtype))
+    patched.load_state_dict({"0.weight": w.detach()})
+    fusewise.patch(patched)
+    ours = fusewise.nn.RMSNorm(40, device=device, dtype=dtype)
+    ours.load_state_dict(theirs.state_dict())
+    for y in (ours(x), patched(x), fusewise.ops.rms_norm(x, w, eps=None)):
+        assert rel_err(y, ref) <= base_err + SLACK[dtype]
+    h = x + r
+    y, _ = fusewise.ops.add_rms_norm(x, r, w, eps=None)
+    ref_h = F.rms_norm(h.double(), (40,), w.double(), eps32)
+    assert rel_err(y, ref_h) <= rel_err(F.rms_norm(h, (40,), w), ref_h) + SLACK[dtype]
+
+
+def test_rmsnorm_eps_none_float64_is_float64s(device):
+    """Float64 (the reference path) takes float64's eps, as F.rms_norm does."""
+    x = 1e-8 * torch.randn(3, 8, dtype=torch.float64, device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the float64 fallback warning, tested elsewhere
+        y = fusewise.ops.rms_norm(x, None, eps=None)
+    assert rel_err(y, F.rms_norm(x, (8,), None, None)) < 1e-12
 
 
 # --- torch.library: opcheck, torch.compile, CUDA graphs -----------------------------------------
@@ -165,6 +285,17 @@ def test_opcheck(device):
     torch.library.opcheck(ops.norm_bwd.default, bwd_args)
 
 
+def test_custom_op_called_directly_refuses_layouts_the_kernels_cannot_read(device):
+    """fusewise.ops copies a strided weight and gives the kernels unit-stride rows; the custom op
+    called directly gets the same layouts checked, not read wrongly."""
+    x, w = torch.randn(4, 8, device=device), torch.randn(16, device=device)[::2]
+    with pytest.raises(ValueError, match="weight must be contiguous"):
+        torch.ops.fusewise.norm_fwd(x, None, w, None, 1e-5, False)
+    xt = torch.randn(8, 4, device=device).t()
+    with pytest.raises(ValueError, match="x must have unit stride along its last dim"):
+        torch.ops.fusewise.norm_fwd(xt, None, None, None, 1e-6, True)
+
+
 def test_compile_fullgraph_matches_eager(device):
     backend = "inductor" if device.type == "cuda" else "aot_eager"
 
@@ -181,6 +312,25 @@ def test_compile_fullgraph_matches_eager(device):
     g_e = torch.autograd.grad(out_e.sum() + h_e.square().sum(), args)
     assert rel_err(out_c, out_e) < 1e-6 and rel_err(h_c, h_e) < 1e-6
     for a, b in zip(g_c, g_e):
+        assert rel_err(a, b) < 1e-5
+
+
+def test_compile_fullgraph_with_views(device):
+    """Under torch.compile too: a broadcast x and weight, a transposed residual, a strided weight
+    and bias; gradients reach the tensors the views come from."""
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+
+    def block(x0, r, w1, wb):
+        y, h = fusewise.ops.add_rms_norm(x0.expand(5, 8), r, w1.expand(8))
+        return fusewise.ops.layer_norm(y, wb[::2], wb[1::2]).sum() + h.square().sum()
+
+    args = [torch.randn(1, 8, device=device), torch.randn(8, 5, device=device).t()]
+    args += [torch.randn(1, device=device), torch.randn(16, device=device)]
+    args = [a.requires_grad_() for a in args]
+    compiled = torch.compile(block, fullgraph=True, backend=backend)
+    out_c, out_e = compiled(*args), block(*args)
+    assert rel_err(out_c, out_e) < 1e-6
+    for a, b in zip(torch.autograd.grad(out_c, args), torch.autograd.grad(out_e, args)):
         assert rel_err(a, b) < 1e-5
 
 

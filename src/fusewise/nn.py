@@ -3,45 +3,44 @@ as torch.nn.LayerNorm / torch.nn.RMSNorm, so checkpoints load either way."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import ops
 
 
+def _as_last_dim(module: str, x, normalized_shape) -> tuple[torch.Tensor, int]:
+    """x [..., *normalized_shape] -> ([..., n], n): the normalised dims flattened into one."""
+    shape = tuple(normalized_shape)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{module} expects a torch.Tensor, got {type(x).__name__}")
+    if tuple(x.shape[-len(shape) :]) != shape:
+        raise ValueError(
+            f"{module} expects input ending in normalized_shape {shape}, got {tuple(x.shape)}"
+        )
+    n = math.prod(shape)
+    return x.reshape(*x.shape[: x.dim() - len(shape)], n), n
+
+
 class LayerNorm(torch.nn.LayerNorm):
     """torch.nn.LayerNorm computed by fusewise.ops.layer_norm (normalized_shape may have several
-    dims)."""
+    dims; weight and bias may be views)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = tuple(self.normalized_shape)
-        if tuple(x.shape[-len(shape) :]) != shape:
-            raise ValueError(f"LayerNorm expects input ending in normalized_shape {shape}, "
-                             f"got {tuple(x.shape)}")  # fmt: skip
-        n = 1
-        for s in shape:
-            n *= s
+        x2, n = _as_last_dim("LayerNorm", x, self.normalized_shape)
         flat = lambda p: p.reshape(n) if p is not None else None  # noqa: E731
-        y = ops.layer_norm(x.reshape(*x.shape[: x.dim() - len(shape)], n), flat(self.weight),
-                           flat(self.bias), self.eps)  # fmt: skip
-        return y.view(x.shape)
+        return ops.layer_norm(x2, flat(self.weight), flat(self.bias), self.eps).view(x.shape)
 
 
 class RMSNorm(torch.nn.RMSNorm):
-    """torch.nn.RMSNorm computed by fusewise.ops.rms_norm. eps=None means torch's default,
-    torch.finfo(x.dtype).eps, as in torch.nn.RMSNorm."""
+    """torch.nn.RMSNorm computed by fusewise.ops.rms_norm. eps=None means torch's default, the
+    eps of the op-math dtype (float32's for bf16/fp16 input), as in torch.nn.RMSNorm."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = tuple(self.normalized_shape)
-        if tuple(x.shape[-len(shape) :]) != shape:
-            raise ValueError(f"RMSNorm expects input ending in normalized_shape {shape}, "
-                             f"got {tuple(x.shape)}")  # fmt: skip
-        n = 1
-        for s in shape:
-            n *= s
-        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        x2, n = _as_last_dim("RMSNorm", x, self.normalized_shape)
         w = self.weight.reshape(n) if self.weight is not None else None
-        y = ops.rms_norm(x.reshape(*x.shape[: x.dim() - len(shape)], n), w, eps)
-        return y.view(x.shape)
+        return ops.rms_norm(x2, w, self.eps).view(x.shape)
 
 
 class LinearCrossEntropyLoss(torch.nn.Module):

@@ -1,6 +1,8 @@
 """Host launchers for the normalisation kernels: pick the path and tile, allocate, launch.
 
-All tensors arrive validated and 2-D ([M, N], unit stride along N; rows may be strided).
+All tensors arrive validated: x, residual, dy, dh 2-D ([M, N], unit stride along N; rows may be
+strided, even stride 0), weight and bias contiguous [N]; _norm_op arranges it (and checks it
+where the custom ops are called directly).
 No host-device synchronisation: the launchers only read shapes, strides and device properties,
 so they run inside CUDA-graph capture.
 """

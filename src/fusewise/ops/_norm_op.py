@@ -46,7 +46,15 @@ def backward_impl(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
 
 
 def norm(x, residual, weight, bias, eps: float, is_rms: bool) -> tuple[Tensor, Tensor]:
-    """(y, h or empty) with autograd, through the custom op when compiling, else directly."""
+    """(y, h or empty) with autograd, through the custom op when compiling, else directly.
+    weight, bias: [N] in any layout."""
+    # The kernels read weight and bias as contiguous [N]. A view (every other element, a
+    # 1-element tensor expanded to N) is copied here, before autograd, rather than giving every
+    # kernel two more strides: the copy is N elements beside the M·N of the rows, contiguous
+    # parameters (the usual case) pass through untouched, and autograd routes the gradient of
+    # the copy back to the tensor the user holds (summed over a broadcast).
+    weight = weight.contiguous() if weight is not None else None
+    bias = bias.contiguous() if bias is not None else None
     if torch.compiler.is_compiling():
         y, h, _, _ = norm_fwd(x, residual, weight, bias, eps, is_rms)
         return y, h
@@ -98,9 +106,27 @@ def _rows(t: Tensor | None) -> Tensor | None:
     return t.contiguous()
 
 
+def _check_layout(**tensors) -> None:
+    """What the kernels assume (_norm_launch). norm() and the public ops arrange it; the custom
+    ops check it, as they can be called directly (the eager path skips the few microseconds)."""
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if t.dim() == 1:
+            ok, need = t.is_contiguous(), "be contiguous"
+        else:
+            ok, need = t.stride(-1) == 1 or t.shape[-1] <= 1, "have unit stride along its last dim"
+        if not ok:
+            raise ValueError(
+                f"{name} must {need} for the norm kernels, got strides {t.stride()}; "
+                f"pass {name}.contiguous(), or call fusewise.ops, which does"
+            )
+
+
 @torch.library.custom_op("fusewise::norm_fwd", mutates_args=())
 def norm_fwd(x: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Tensor | None,
              eps: float, is_rms: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    _check_layout(x=x, residual=residual, weight=weight, bias=bias)
     return forward_impl(x, residual, weight, bias, eps, is_rms)
 
 
@@ -116,6 +142,7 @@ def _(x, residual, weight, bias, eps, is_rms):
 def norm_bwd(dy: Tensor, dh: Tensor | None, x: Tensor, weight: Tensor | None, bias: Tensor | None,
              mean: Tensor, rstd: Tensor,
              is_rms: bool) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    _check_layout(dy=dy, dh=dh, x=x, weight=weight, bias=bias, mean=mean, rstd=rstd)
     return backward_impl(dy, dh, x, weight, bias, mean, rstd, is_rms)
 
 

@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+import math
+
+import torch
 from torch import Tensor
 
 
 def check_floating(name: str, t: Tensor) -> None:
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense tensor, got {t.layout}; use {name}.to_dense()")
     if not t.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor (float32, bfloat16 or float16), "
                         f"got {t.dtype}")  # fmt: skip
+
+
+def check_input(name: str, t: Tensor) -> None:
+    """An activation [..., N]: floating, with a last dim to normalise."""
+    check_floating(name, t)
+    if t.dim() == 0:
+        raise ValueError(
+            f"{name} must have at least one dimension ([..., N], the last one is normalised), "
+            f"got a 0-d tensor; for a single value use {name}.reshape(1)"
+        )
 
 
 def check_same_device(x: Tensor, **others: Tensor | None) -> None:
@@ -24,12 +39,41 @@ def check_param(name: str, t: Tensor | None, x: Tensor) -> None:
     """A per-feature parameter (weight, bias): floating, 1-D of x's last-dim size, same device."""
     if t is None:
         return
+    if not isinstance(t, Tensor):
+        hint = ""
+        if isinstance(t, (tuple, list)):  # F.layer_norm(x, normalized_shape, weight) habits
+            hint = "; fusewise's ops take no normalized_shape, they normalise the last dim of x"
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}{hint}")
     check_floating(name, t)
     n = x.shape[-1]
     if t.shape != (n,):
         raise ValueError(f"{name} must have shape ({n},) to match the last dim of x "
                          f"{tuple(x.shape)}, got {tuple(t.shape)}")  # fmt: skip
     check_same_device(x, **{name: t})
+
+
+def check_eps(eps) -> float:
+    """eps as a Python float: a real number (numpy scalars too), finite and >= 0. A tensor is
+    refused rather than read: on a GPU reading it is a host sync on every call. float() rather
+    than isinstance(numbers.Real): under torch.compile a numpy scalar is not a numbers.Real."""
+    value = None
+    if eps is not None and not isinstance(eps, (bool, str, bytes, Tensor)):
+        try:
+            value = float(eps)
+        except (TypeError, ValueError):  # complex, or anything else float() cannot read
+            pass
+    if value is None:
+        if isinstance(eps, Tensor):
+            got = "a Tensor; pass float(eps)"
+        else:
+            got = "None" if eps is None else type(eps).__name__
+        raise TypeError(f"eps must be a number (a float such as 1e-5), got {got}")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(
+            f"eps must be a finite number >= 0, got {value} (it is added to the variance before "
+            f"the square root)"
+        )
+    return value
 
 
 def as_rows(x: Tensor) -> Tensor:

@@ -15,21 +15,24 @@ from __future__ import annotations
 from torch import Tensor
 
 from . import _norm_op
-from ._validate import as_rows, check_floating, check_param
+from ._validate import as_rows, check_eps, check_input, check_param
 
 
 def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:  # fmt: skip
     """LayerNorm over the last dim of x [..., N]; weight, bias: [N] (activation dtype or fp32).
 
-    Returns y with x's shape and dtype. Differentiable in x, weight and bias.
+    Returns y with x's shape and dtype. Differentiable in x, weight and bias. Any layout of any
+    input (strided, transposed, a broadcast weight). eps: a number >= 0 (None is an error, as
+    in F.layer_norm).
     """
-    check_floating("x", x)
+    check_input("x", x)
     check_param("weight", weight, x)
     check_param("bias", bias, x)
+    eps = check_eps(eps)
     if x.numel() == 0:
         return _empty_like_through(x, weight, bias)
-    y, _ = _norm_op.norm(as_rows(x), None, weight, bias, float(eps), False)
+    y, _ = _norm_op.norm(as_rows(x), None, weight, bias, eps, False)
     return y.view(x.shape)
 
 
