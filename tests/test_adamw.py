@@ -266,3 +266,48 @@ def test_param_group_forms_like_torch(device):
     c = torch.randn(2, dtype=torch.complex64, device=device, requires_grad=True)
     with pytest.raises(TypeError, match="complex"):
         opt.add_param_group({"params": (x for x in [c])})  # checked whatever the container
+
+
+BIAS_BETAS = [(0.9, 0.999), (0.99, 0.999999), (0.5, 0.99999)]
+
+
+@pytest.mark.parametrize("step", [1, 2, 10, 1000, 10**6])
+@pytest.mark.parametrize("betas", BIAS_BETAS, ids=lambda b: f"b{b[0]}-{b[1]}")
+@pytest.mark.parametrize("path", ["kernel", "reference"])
+@pytest.mark.filterwarnings("ignore:fusewise.ops.adamw")  # the reference path's; tested below
+def test_bias_corrections_as_exact_as_torch(path, betas, step, device, monkeypatch):
+    """One update at `step` (the count a device fp32 tensor, as fusewise keeps it) from a zero
+    parameter without decay, so the result is the update itself, unrounded by the parameter:
+    its error against float64 must be torch's own (fp32, bias corrections in Python double)."""
+    if path == "reference":  # the eager path: CPU tensors without the interpreter
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        monkeypatch.delenv("FUSEWISE_STRICT", raising=False)
+        monkeypatch.setattr(_dispatch, "_warned", set())
+        device = torch.device("cpu")
+    n = 256
+    g = torch.randn(n, device=device)
+    first = step == 1  # the real first step starts from zero moments
+    m0 = torch.zeros(n, device=device) if first else torch.randn(n, device=device)
+    v0 = torch.zeros(n, device=device) if first else torch.rand(n, device=device) + 0.1
+    out = {}
+    runs = [
+        ("ours", fusewise.optim.AdamW, torch.float32, device),  # step on the device
+        ("torch", torch.optim.AdamW, torch.float32, "cpu"),
+        ("exact", torch.optim.AdamW, torch.float64, "cpu"),
+    ]
+    for name, cls, dtype, step_device in runs:
+        p = torch.zeros(n, device=device, dtype=dtype, requires_grad=True)
+        opt = cls([p], lr=1e-2, betas=betas, weight_decay=0.0)
+        opt.state[p] = {
+            "step": torch.tensor(float(step - 1), device=step_device),
+            "exp_avg": m0.to(dtype, copy=True),
+            "exp_avg_sq": v0.to(dtype, copy=True),
+        }
+        p.grad = g.to(dtype)
+        opt.step()
+        out[name] = p
+        assert opt.state[p]["step"].item() == step
+    kernel = "triton" if device.type == "cuda" else "triton-interpreter"
+    assert fusewise.ops.paths()["adamw"] == ("reference" if path == "reference" else kernel)
+    ours, theirs = rel(out["ours"], out["exact"]), rel(out["torch"], out["exact"])
+    assert ours <= 2 * theirs + 1e-8, (ours, theirs)
