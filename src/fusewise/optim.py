@@ -65,28 +65,38 @@ class AdamW(torch.optim.Optimizer):
 
     def _state_of(self, p: torch.Tensor, group: dict) -> dict:
         """The parameter's state, created (or repaired after a load) on p's device: moments in
-        fp32 when master weights are kept, else in p's dtype, as torch keeps them."""
+        fp32 when master weights are kept, else in p's dtype, as torch keeps them. Every tensor
+        whose pointer goes into the kernel's table is contiguous with p's shape (a wrong shape
+        raises rather than letting the kernel read out of bounds)."""
         st = self.state[p]
         master = group["master_weights"] and p.dtype != torch.float32
         sdtype = torch.float32 if master else p.dtype
-        if "step" not in st:
-            st["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-        elif st["step"].device != p.device or st["step"].dtype != torch.float32:
-            st["step"] = st["step"].to(device=p.device, dtype=torch.float32)
+        shape, device = p.shape, p.device
+        step = st.get("step")
+        if step is None:
+            st["step"] = torch.zeros((), dtype=torch.float32, device=device)
+        elif not _fits(step, (), torch.float32, device):
+            st["step"] = _fitted(step, (), torch.float32, device, "step")
         for key in _STATE_KEYS:
             if key == "max_exp_avg_sq" and not group["amsgrad"]:
                 continue
-            if key not in st:
+            t = st.get(key)
+            if t is None:
                 st[key] = torch.zeros_like(p, dtype=sdtype, memory_format=torch.contiguous_format)
-            elif st[key].dtype != sdtype or st[key].device != p.device:
-                st[key] = st[key].to(device=p.device, dtype=sdtype)
-        if master and "master_param" not in st:
+            elif not _fits(t, shape, sdtype, device):
+                st[key] = _fitted(t, shape, sdtype, device, key)
+        t = st.get("master_param")
+        if master and t is None:
             st["master_param"] = p.detach().float().contiguous()  # from a torch checkpoint: upcast
+        elif t is not None and not _fits(t, shape, torch.float32, device):
+            st["master_param"] = _fitted(t, shape, torch.float32, device, "master_param")
         return st
 
     def load_state_dict(self, state_dict):
-        """As torch's, but state tensors keep the dtype they were saved in (torch casts them to
-        the parameter's dtype, which would round fp32 moments and masters of a bf16 model)."""
+        """As torch's, but state tensors are copies (torch hands the step tensor over as is),
+        contiguous, checked against the parameter's shape, and keep the dtype they were saved in
+        (torch casts them to the parameter's dtype, which would round fp32 moments and masters of
+        a bf16 model)."""
         saved_groups = state_dict["param_groups"]
         id_to_param = dict(zip(
             itertools.chain.from_iterable(g["params"] for g in saved_groups),
@@ -97,9 +107,16 @@ class AdamW(torch.optim.Optimizer):
             p = id_to_param.get(pid)
             if p is None:
                 continue
+            st = self.state[p]
             for key, value in saved.items():
-                if key != "step" and torch.is_tensor(value) and value.is_floating_point():
-                    self.state[p][key] = value.to(p.device, copy=True)
+                where = f"loaded state of parameter {pid}: {key}"
+                if key == "step":  # a number in checkpoints of torch < 1.12
+                    value = torch.as_tensor(value, dtype=torch.float32)
+                    st[key] = _fitted(value, (), torch.float32, p.device, where, copy=True)
+                elif key in (*_STATE_KEYS, "master_param"):
+                    st[key] = _fitted(value, p.shape, value.dtype, p.device, where, copy=True)
+                elif torch.is_tensor(value):
+                    st[key] = value.to(p.device, copy=True)
         self._buckets = {}
 
     # --- step -----------------------------------------------------------------------------------
@@ -147,11 +164,11 @@ class AdamW(torch.optim.Optimizer):
 
     def _fused_group(self, gi, group, params, states, grad_scale, found_inf):
         buckets: dict[tuple, list[int]] = {}
-        for i, (p, st) in enumerate(zip(params, states)):
+        rows = [_table_row(p, st) for p, st in zip(params, states)]
+        for i, (p, st, row) in enumerate(zip(params, states, rows)):
             master = "master_param" in st
-            aligned = all(
-                t.data_ptr() % 16 == 0 for t in (p, p.grad, st["exp_avg"], st["exp_avg_sq"])
-            )
+            # every pointer the kernel takes as 16-byte aligned (0, an absent one, is)
+            aligned = all(ptr % 16 == 0 for ptr in row[1:7])
             key = (p.dtype, p.grad.dtype, st["exp_avg"].dtype, master, aligned, p.device)
             buckets.setdefault(key, []).append(i)
         for key, idx in buckets.items():
@@ -160,11 +177,10 @@ class AdamW(torch.optim.Optimizer):
             bucket = self._buckets.get(cache_key)
             if bucket is None:
                 bucket = self._buckets[cache_key] = fused.Bucket([params[i].numel() for i in idx])
-            rows = [_table_row(params[i], states[i]) for i in idx]
             fused.launch(
-                bucket, rows, device, p_dtype=p_dtype, g_dtype=g_dtype, s_dtype=s_dtype,
-                **self._hyper(group, params[idx[0]]), amsgrad=group["amsgrad"], master=master,
-                grad_scale=grad_scale, found_inf=found_inf, aligned=aligned,
+                bucket, [rows[i] for i in idx], device, p_dtype=p_dtype, g_dtype=g_dtype,
+                s_dtype=s_dtype, **self._hyper(group, params[idx[0]]), amsgrad=group["amsgrad"],
+                master=master, grad_scale=grad_scale, found_inf=found_inf, aligned=aligned,
             )  # fmt: skip
 
 
@@ -176,6 +192,27 @@ def _table_row(p, st) -> tuple[int, ...]:
         st["exp_avg_sq"].data_ptr(), vmax.data_ptr() if vmax is not None else 0,
         master.data_ptr() if master is not None else 0, st["step"].data_ptr(),
     )  # fmt: skip
+
+
+def _fits(t: torch.Tensor, shape, dtype, device) -> bool:
+    return t.dtype == dtype and t.shape == shape and t.is_contiguous() and t.device == device
+
+
+def _fitted(t: torch.Tensor, shape, dtype, device, what: str, copy: bool = False) -> torch.Tensor:
+    """t as the kernel's table needs it: `shape` (else ValueError), dtype, device, contiguous
+    (its memory then holds the elements in the parameter's logical order). t itself when it
+    already is and no `copy` is asked for, else a converted copy."""
+    if shape == () and t.numel() == 1:
+        t = t.reshape(())  # a step count saved as [1]
+    if t.shape != shape:
+        raise ValueError(
+            f"fusewise.optim.AdamW: {what} has shape {tuple(t.shape)}, expected {tuple(shape)} "
+            "(the parameter's; a step count is a scalar): is the state for another model?"
+        )
+    if not copy and _fits(t, shape, dtype, device):
+        return t
+    # not t.to(memory_format=torch.contiguous_format): that returns a strided view unchanged
+    return torch.empty(shape, dtype=dtype, device=device).copy_(t)
 
 
 def _check_param(p: torch.Tensor) -> None:
@@ -190,3 +227,8 @@ def _check_param(p: torch.Tensor) -> None:
                          f"(got a parameter of shape {tuple(p.shape)} with strides {p.stride()}"
                          f" and a gradient with strides {p.grad.stride()}); make it contiguous "
                          "(param.data = param.data.contiguous()) or give it to torch.optim.AdamW")  # fmt: skip
+    if p.grad is not None and p.grad.shape != p.shape:
+        raise ValueError(
+            f"fusewise.optim.AdamW: the gradient's shape {tuple(p.grad.shape)} is not the "
+            f"parameter's {tuple(p.shape)} (was param.data replaced?)"
+        )

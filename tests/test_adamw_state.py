@@ -1,0 +1,121 @@
+"""fusewise.optim.AdamW's state: what a loaded checkpoint or a changed parameter may hold
+(layouts, shapes, group keys, masters) against what the kernel's pointer table needs."""
+
+import pytest
+import torch
+
+import fusewise
+from adamw_cases import clone, rel, resume_and_compare, run
+from layouts import relayout
+
+
+def test_torch_checkpoint_with_non_contiguous_state_resumes(device):
+    """torch keeps a transposed parameter's moments transposed (zeros_like, preserve_format);
+    resumed on a contiguous parameter they must be read in logical order, not storage order."""
+    w0 = torch.randn(24, 40, device=device)
+    grads = [[torch.randn(40, 24, device=device)] for _ in range(5)]
+    kw = dict(lr=1e-2, amsgrad=True)
+    a = [w0.t().detach().clone().requires_grad_()]  # stored transposed, as a leaf
+    ta = run(torch.optim.AdamW, a, grads[:2], 2, lambda ps: ps, **kw)
+    assert not ta.state[a[0]]["exp_avg"].is_contiguous()
+    ref = [w0.t().detach().clone().requires_grad_()]
+    run(torch.optim.AdamW, ref, grads, 5, lambda ps: ps, **kw)
+    b = [a[0].detach().contiguous().requires_grad_()]
+    fb = fusewise.optim.AdamW(b, **kw)
+    fb.load_state_dict(ta.state_dict())
+    resume_and_compare(fb, b, [[g.contiguous() for g in gs] for gs in grads[2:]], ref)
+
+
+@pytest.mark.parametrize("key", ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"])
+@pytest.mark.parametrize("kind", ["strided", "padded", "transposed", "offset"])
+def test_state_tensors_in_any_layout_are_read_in_logical_order(kind, key, device):
+    """A state tensor the kernel is handed (by a checkpoint, or directly) in another layout, or
+    at a misaligned offset (the kernel's alignment hint must then be off): same as torch."""
+    w0 = torch.randn(16, 24, device=device)
+    g = torch.randn(16, 24, device=device)
+    m, v = torch.randn(16, 24, device=device), torch.rand(16, 24, device=device)
+    vmax = v + torch.rand(16, 24, device=device)
+    out = []
+    for cls in (fusewise.optim.AdamW, torch.optim.AdamW):
+        p = w0.clone().requires_grad_()
+        opt = cls([p], lr=1e-2, amsgrad=True)
+        st = {"step": torch.tensor(3.0), "exp_avg": m, "exp_avg_sq": v, "max_exp_avg_sq": vmax}
+        st = {k: t.clone() for k, t in st.items()}
+        st[key] = relayout(st[key], kind)
+        opt.state[p] = st
+        p.grad = g.clone()
+        opt.step()
+        out.append(p)
+    assert rel(*out) < 1e-6
+
+
+def test_master_param_at_a_misaligned_offset(device):
+    """Every pointer in the table counts for the alignment hint, the master's too."""
+    p = torch.randn(64, device=device).bfloat16().requires_grad_()
+    opt = fusewise.optim.AdamW([p], lr=1e-2, master_weights=True)
+    p.grad = torch.randn_like(p)
+    opt.step()
+    st = opt.state[p]
+    st["master_param"] = relayout(st["master_param"], "offset")
+    expected = st["master_param"].clone()
+    p.grad = torch.randn_like(p)
+    ref = torch.optim.AdamW([expected.requires_grad_()], lr=1e-2)
+    ref.state[expected] = {k: st[k].clone() for k in ("exp_avg", "exp_avg_sq")}
+    ref.state[expected]["step"] = st["step"].cpu().clone()
+    expected.grad = p.grad.float()
+    opt.step()
+    ref.step()
+    assert rel(st["master_param"], expected) < 1e-6
+
+
+@pytest.mark.parametrize("key", ["exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step"])
+def test_checkpoint_with_a_wrong_shape_raises(key, device):
+    p = torch.randn(8, 5, device=device, requires_grad=True)
+    opt = run(fusewise.optim.AdamW, [p], [[torch.randn_like(p)]], 1, lambda ps: ps, amsgrad=True)
+    sd = opt.state_dict()
+    sd["state"][0][key] = torch.zeros(2) if key == "step" else torch.zeros(5, 8, device=device)
+    q = p.detach().clone().requires_grad_()
+    with pytest.raises(ValueError, match=f"{key}.*shape"):
+        fusewise.optim.AdamW([q], amsgrad=True).load_state_dict(sd)
+    opt.state[p][key] = sd["state"][0][key]  # set directly: caught before the kernel runs
+    p.grad = torch.randn_like(p)
+    with pytest.raises(ValueError, match=f"{key}.*shape"):
+        opt.step()
+
+
+def test_parameter_reshaped_under_its_gradient_raises(device):
+    p = torch.randn(6, device=device, requires_grad=True)
+    p.grad = torch.randn(6, device=device)
+    p.data = torch.randn(9, device=device)  # torch leaves the old 6-element grad in place
+    with pytest.raises(ValueError, match="gradient"):
+        fusewise.optim.AdamW([p]).step()
+
+
+def test_loaded_state_is_a_copy(device):
+    """A state_dict loaded into a second optimizer must not share tensors with the first (torch
+    hands the step tensor over as is): stepping one leaves the other's step count alone."""
+    p = torch.randn(10, device=device, requires_grad=True)
+    a = run(fusewise.optim.AdamW, [p], [[torch.randn_like(p)]] * 2, 2, lambda ps: ps)
+    q = clone([p])
+    b = fusewise.optim.AdamW(q)
+    b.load_state_dict(a.state_dict())
+    q[0].grad = torch.randn_like(q[0])
+    b.step()
+    assert a.state[p]["step"].item() == 2 and b.state[q[0]]["step"].item() == 3
+
+
+def test_checkpoint_with_a_number_as_step(device):
+    """Checkpoints of torch < 1.12 keep the step as a number; torch's Adam converts it."""
+    p = torch.randn(10, device=device, requires_grad=True)
+    a = run(torch.optim.AdamW, [p], [[torch.randn_like(p)]] * 2, 2, lambda ps: ps)
+    sd = a.state_dict()
+    sd["state"][0]["step"] = 2
+    out = []
+    for cls in (fusewise.optim.AdamW, torch.optim.AdamW):
+        q = clone([p])
+        opt = cls(q)
+        opt.load_state_dict(sd)
+        q[0].grad = torch.ones_like(p)
+        opt.step()
+        out.append(q[0])
+    assert rel(*out) < 1e-6
