@@ -119,3 +119,41 @@ def test_checkpoint_with_a_number_as_step(device):
         opt.step()
         out.append(q[0])
     assert rel(*out) < 1e-6
+
+
+def test_torch_checkpoint_keeps_master_weights_on(device):
+    """torch's state_dict has no master_weights key: the optimizer's own setting stays, the
+    masters are the parameters upcast and the bf16 moments become fp32."""
+    w0 = torch.randn(300, device=device).bfloat16()
+    grads = [torch.randn(300, device=device).bfloat16() for _ in range(5)]
+    a = [w0.clone().requires_grad_()]
+    ta = run(torch.optim.AdamW, a, [[g] for g in grads[:2]], 2, lambda ps: ps, lr=1e-2)
+    sd = ta.state_dict()
+    b = [a[0].detach().clone().requires_grad_()]
+    fb = fusewise.optim.AdamW(b, lr=1e-2, master_weights=True)
+    fb.load_state_dict(sd)
+    assert fb.param_groups[0]["master_weights"] is True
+    # fp32 reference: the bf16 parameter and moments upcast, then fp32 AdamW
+    ref = [b[0].detach().float().requires_grad_()]
+    tref = torch.optim.AdamW(ref, lr=1e-2)
+    tref.load_state_dict(sd)
+    tref.state[ref[0]].update({k: ta.state[a[0]][k].float() for k in ("exp_avg", "exp_avg_sq")})
+    for g in grads[2:]:
+        b[0].grad, ref[0].grad = g.clone(), g.float()
+        fb.step()
+        tref.step()
+    st = fb.state[b[0]]
+    assert {st[k].dtype for k in ("master_param", "exp_avg", "exp_avg_sq")} == {torch.float32}
+    assert rel(st["master_param"], ref[0]) < 2e-6
+    assert torch.equal(b[0].detach(), st["master_param"].bfloat16())
+
+
+def test_fusewise_checkpoint_keeps_its_master_weights(device):
+    p = torch.randn(100, device=device).bfloat16().requires_grad_()
+    grads = [[torch.randn_like(p)]]
+    opt = run(fusewise.optim.AdamW, [p], grads, 1, lambda ps: ps, master_weights=True)
+    q = p.detach().clone().requires_grad_()
+    opt2 = fusewise.optim.AdamW([q])  # master_weights=False, but the checkpoint says True
+    opt2.load_state_dict(opt.state_dict())
+    assert opt2.param_groups[0]["master_weights"] is True
+    assert torch.equal(opt2.state[q]["master_param"], opt.state[p]["master_param"])

@@ -93,11 +93,16 @@ class AdamW(torch.optim.Optimizer):
         return st
 
     def load_state_dict(self, state_dict):
-        """As torch's, but state tensors are copies (torch hands the step tensor over as is),
-        contiguous, checked against the parameter's shape, and keep the dtype they were saved in
-        (torch casts them to the parameter's dtype, which would round fp32 moments and masters of
-        a bf16 model)."""
+        """As torch's, but a group key the saved group lacks keeps this optimizer's value (torch
+        replaces each group by the saved one: a torch checkpoint would turn master_weights off),
+        and state tensors are copies (torch hands the step tensor over as is), contiguous,
+        checked against the parameter's shape, and keep the dtype they were saved in (torch
+        casts them to the parameter's dtype, which would round fp32 moments and masters of a
+        bf16 model)."""
         saved_groups = state_dict["param_groups"]
+        if len(saved_groups) == len(self.param_groups):  # else torch's load raises
+            saved_groups = [{**g, **saved} for g, saved in zip(self.param_groups, saved_groups)]
+            state_dict = {**state_dict, "param_groups": saved_groups}
         id_to_param = dict(zip(
             itertools.chain.from_iterable(g["params"] for g in saved_groups),
             itertools.chain.from_iterable(g["params"] for g in self.param_groups),
