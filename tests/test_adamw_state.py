@@ -1,6 +1,8 @@
 """fusewise.optim.AdamW's state: what a loaded checkpoint or a changed parameter may hold
 (layouts, shapes, group keys, masters) against what the kernel's pointer table needs."""
 
+import copy
+
 import pytest
 import torch
 
@@ -157,3 +159,92 @@ def test_fusewise_checkpoint_keeps_its_master_weights(device):
     opt2.load_state_dict(opt.state_dict())
     assert opt2.param_groups[0]["master_weights"] is True
     assert torch.equal(opt2.state[q]["master_param"], opt.state[p]["master_param"])
+
+
+def _fill(model, p):
+    with torch.no_grad():
+        p.fill_(0.5)
+
+
+def _copy(model, p):
+    with torch.no_grad():
+        p.copy_(torch.randn_like(p))
+
+
+def _load_model(model, p):
+    model.load_state_dict({k: torch.randn_like(v) for k, v in model.state_dict().items()})
+
+
+def _replace_data(model, p):
+    p.data = torch.randn_like(p)
+
+
+def _restore_after_diagnosis(model, p):
+    """What fusewise.diagnose(restore=[model]) does: save, run steps, load the saved state."""
+    saved = copy.deepcopy(model.state_dict())
+    for _ in range(2):
+        _step(model)
+    model.load_state_dict(saved)
+
+
+def _data_write_then_sync(model, p):
+    """p.data has a version counter of its own: the documented case for sync_master_weights."""
+    p.data.mul_(-1.0)
+    model.opt.sync_master_weights()
+
+
+def _nothing(model, p):
+    pass
+
+
+def _step(model):
+    for q in model.parameters():
+        q.grad = torch.randn_like(q)
+    model.opt.step()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [_fill, _copy, _load_model, _replace_data, _restore_after_diagnosis, _data_write_then_sync,
+     _nothing],  # fmt: skip
+    ids=lambda f: f.__name__.strip("_"),
+)
+def test_master_follows_parameters_changed_outside_the_optimizer(change, device):
+    """The master is the parameter's fp32 copy: a parameter changed outside the optimizer must
+    not be undone by the stale master at the next step. Where the master still rounds to the
+    parameter's value it keeps its extra precision; elsewhere it is the parameter upcast."""
+    model = torch.nn.Linear(40, 24).to(device=device, dtype=torch.bfloat16)
+    model.opt = fusewise.optim.AdamW(model.parameters(), lr=1e-2, master_weights=True)
+    for _ in range(2):
+        _step(model)
+    p = model.weight
+    version = p._version
+    _step(model)
+    assert p._version == version  # the kernel writes through pointers: no version bump of its own
+    change(model, p)
+    st = model.opt.state[p]
+    p_now = p.detach()
+    master = torch.where(st["master_param"].bfloat16() == p_now, st["master_param"], p_now.float())
+    ref = [master.clone().requires_grad_()]
+    tref = torch.optim.AdamW(ref, lr=1e-2)
+    tref.state[ref[0]] = {k: st[k].clone() for k in ("exp_avg", "exp_avg_sq")}
+    tref.state[ref[0]]["step"] = st["step"].cpu().clone()
+    _step(model)
+    ref[0].grad = p.grad.float()
+    tref.step()
+    assert rel(st["master_param"], ref[0]) < 2e-6
+    assert torch.equal(p.detach(), st["master_param"].bfloat16())
+
+
+@pytest.mark.gpu
+def test_changed_parameter_before_a_cuda_graph_capture_raises():
+    p = torch.randn(64, device="cuda").bfloat16().requires_grad_()
+    p.grad = torch.randn_like(p)
+    opt = fusewise.optim.AdamW([p], lr=torch.tensor(1e-2, device="cuda"), master_weights=True)
+    opt.step()
+    with torch.no_grad():
+        p.fill_(1.0)
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="sync_master_weights"):
+        with torch.cuda.graph(g):
+            opt.step()

@@ -3,6 +3,11 @@ parameter (ops/adamw.py), optionally keeping fp32 master weights for bf16/fp16 m
 
 State per parameter uses torch's keys and meanings (step, exp_avg, exp_avg_sq, max_exp_avg_sq),
 plus master_param with master_weights=True, so checkpoints move between the two optimizers.
+A parameter changed outside the optimizer (p.copy_(), p.fill_(), model.load_state_dict(),
+p.data = x) is seen at the next step by its version counter or address, and its master resynced
+from it (kept where it still rounds to the parameter's value). Writes through p.data
+(p.data.copy_(x)) bump a version counter of p.data's own and are not seen: call
+opt.sync_master_weights() after them, or the next step undoes them from the stale master.
 step() never synchronises with the host (steps and bias corrections live on the device; lr may be
 a tensor), so it can be captured in a CUDA graph. Under torch.amp.GradScaler the gradients are
 unscaled inside the kernel and a step with an inf/nan gradient is skipped on the device.
@@ -43,12 +48,14 @@ class AdamW(torch.optim.Optimizer):
                         master_weights=master_weights)  # fmt: skip
         super().__init__(params, defaults)
         self._buckets: dict = {}
+        self._synced: dict = {}  # param -> (p._version, p.data_ptr()) when its master was in sync
 
     def __setstate__(self, state):
         super().__setstate__(state)
         for group in self.param_groups:
             group.setdefault("master_weights", False)
             group["decoupled_weight_decay"] = True
+        self._buckets, self._synced = {}, {}
 
     def add_param_group(self, param_group):
         params = param_group["params"]
@@ -123,6 +130,35 @@ class AdamW(torch.optim.Optimizer):
                 elif torch.is_tensor(value):
                     st[key] = value.to(p.device, copy=True)
         self._buckets = {}
+        self._mark_synced(self.state.keys())  # a loaded master is taken as the parameter's value
+
+    # --- master weights ---------------------------------------------------------------------
+
+    @torch.no_grad()
+    def sync_master_weights(self) -> None:
+        """Take each parameter's value as it is now into its fp32 master. Writes through
+        `p.data` (e.g. `p.data.copy_(x)`) need it: `p.data` has a version counter of its own, so
+        step() cannot see them and would undo them from the stale master. Every other change
+        (p.copy_(), p.fill_(), model.load_state_dict(), p.data = x, torch.nn.init) is seen."""
+        for p, st in self.state.items():
+            if isinstance(p, torch.Tensor) and "master_param" in st:
+                _resync(p, st["master_param"])
+        self._mark_synced(self.state.keys())
+
+    def _mark_synced(self, params) -> None:
+        for p in params:
+            if isinstance(p, torch.Tensor) and "master_param" in self.state.get(p, {}):
+                self._synced[p] = (p._version, p.data_ptr())
+
+    def _resync_changed(self, masters) -> None:
+        """Parameters changed outside the optimizer since their master was last in sync: any
+        in-place write bumps p._version (the kernel, writing through raw pointers, does not) and
+        p.data = x changes p.data_ptr(). Host metadata only: no sync, no traffic unless changed.
+        (A parameter without a record has a master just made from it, or set by the user.)"""
+        for p, master in masters:
+            seen = self._synced.get(p)
+            if seen is not None and seen != (p._version, p.data_ptr()):
+                _resync(p, master)
 
     # --- step -----------------------------------------------------------------------------------
 
@@ -141,6 +177,10 @@ class AdamW(torch.optim.Optimizer):
             for p in params:
                 _check_param(p)
             states = [self._state_of(p, group) for p in params]
+            masters = [
+                (p, st["master_param"]) for p, st in zip(params, states) if "master_param" in st
+            ]
+            self._resync_changed(masters)
             steps = [st["step"] for st in states]
             torch._foreach_add_(steps, 1.0)
             if found_inf is not None:  # a skipped step does not count, as in torch
@@ -149,6 +189,8 @@ class AdamW(torch.optim.Optimizer):
                 self._fused_group(gi, group, params, states, grad_scale, found_inf)
             else:
                 self._reference_group(group, params, states, grad_scale, found_inf)
+            for p, _ in masters:
+                self._synced[p] = (p._version, p.data_ptr())
         return loss
 
     def _hyper(self, group, p):
@@ -187,6 +229,20 @@ class AdamW(torch.optim.Optimizer):
                 s_dtype=s_dtype, **self._hyper(group, params[idx[0]]), amsgrad=group["amsgrad"],
                 master=master, grad_scale=grad_scale, found_inf=found_inf, aligned=aligned,
             )  # fmt: skip
+
+
+def _resync(p: torch.Tensor, master: torch.Tensor) -> None:
+    """The master keeps its extra precision where it still rounds to the parameter's value (the
+    model reloaded from the checkpoint the optimizer came from: nothing lost), else becomes the
+    parameter upcast. Device work only; refused inside a CUDA graph capture, which would record
+    it for every replay instead of running it once."""
+    if p.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "fusewise.optim.AdamW: a parameter changed outside the optimizer before this CUDA "
+            "graph capture; call opt.sync_master_weights() (or step once) before capturing"
+        )
+    p = p.detach()
+    master.copy_(torch.where(master.to(p.dtype) == p, master, p.float()))
 
 
 def _table_row(p, st) -> tuple[int, ...]:
