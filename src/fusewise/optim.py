@@ -65,6 +65,12 @@ class AdamW(torch.optim.Optimizer):
             params = list(params)
         for p in params:
             _check_param(p)
+        if len(set(params)) != len(params):
+            raise ValueError(
+                "fusewise.optim.AdamW: a parameter appears more than once in a parameter group "
+                "(torch warns that this will become an error); two rows of the kernel's table "
+                "would update it concurrently"
+            )
         super().add_param_group({**param_group, "params": params})
         self._buckets = {}
 

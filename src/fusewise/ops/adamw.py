@@ -165,14 +165,36 @@ class Bucket:
         self.key = None
         self.table = None
 
-    def tables(self, device, rows: list[tuple[int, ...]]):
+    def tables(self, device, rows: list[tuple[int, ...]], item_sizes: tuple[int, ...]):
         key = tuple(rows)
         if key != self.key:
+            _check_disjoint(rows, item_sizes)
             self.table = _to_device(rows, device)
             self.key = key
         if self.chunks is None:
             self.chunks = _to_device(self.chunks_host, device)
         return self.table, self.chunks
+
+
+_WRITTEN = (1, 3, 4, 5, 6)  # table columns the kernel writes: param, m, v, vmax, master
+
+
+def _check_disjoint(rows, item_sizes) -> None:
+    """Programs of one launch write their tensors concurrently: two rows whose written memory
+    overlaps would race (a parameter that is a view of another, state shared between two)."""
+    spans = sorted(
+        (row[col], row[col] + row[0] * size)
+        for row in rows
+        for col, size in zip(_WRITTEN, item_sizes)
+        if row[col] and row[0]
+    )
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        if start < end:
+            raise ValueError(
+                "fusewise.optim.AdamW: two tensors one step writes overlap in memory (parameters "
+                "that are views of one tensor, or state shared between parameters); their "
+                "updates would race. Give each parameter its own memory and state."
+            )
 
 
 def _to_device(rows, device) -> torch.Tensor:
@@ -185,7 +207,8 @@ def _to_device(rows, device) -> torch.Tensor:
 def launch(bucket: Bucket, rows, device, *, p_dtype, g_dtype, s_dtype, lr, beta1, beta2, eps,
            weight_decay, amsgrad, maximize, master, grad_scale, found_inf, aligned):  # fmt: skip
     """One launch over every tensor of the bucket (rows: one TABLE_COLS tuple per tensor)."""
-    table, chunks = bucket.tables(device, rows)
+    s_size = s_dtype.itemsize
+    table, chunks = bucket.tables(device, rows, (p_dtype.itemsize, s_size, s_size, s_size, 4))
     n_chunks = len(bucket.chunks_host)
     if n_chunks == 0:
         return
