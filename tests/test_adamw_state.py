@@ -203,12 +203,11 @@ def _step(model):
     model.opt.step()
 
 
-@pytest.mark.parametrize(
-    "change",
-    [_fill, _copy, _load_model, _replace_data, _restore_after_diagnosis, _data_write_then_sync,
-     _nothing],  # fmt: skip
-    ids=lambda f: f.__name__.strip("_"),
-)
+CHANGES = [_fill, _copy, _load_model, _replace_data, _restore_after_diagnosis]
+CHANGES += [_data_write_then_sync, _nothing]
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=lambda f: f.__name__.strip("_"))
 def test_master_follows_parameters_changed_outside_the_optimizer(change, device):
     """The master is the parameter's fp32 copy: a parameter changed outside the optimizer must
     not be undone by the stale master at the next step. Where the master still rounds to the
