@@ -16,6 +16,7 @@ unscaled inside the kernel and a step with an inf/nan gradient is skipped on the
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import torch
 
@@ -29,7 +30,14 @@ class AdamW(torch.optim.Optimizer):
     _step_supports_amp_scaling = True  # GradScaler hands us grad_scale / found_inf tensors
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, *, maximize=False, master_weights=False):  # fmt: skip
+                 amsgrad=False, *, maximize=False, foreach=None, capturable=False,
+                 differentiable=False, fused=None, master_weights=False):  # fmt: skip
+        """torch.optim.AdamW's arguments with torch's meanings, plus master_weights. foreach,
+        capturable and fused choose torch's implementation: accepted, with a warning (once per
+        process) that they have no effect, fusewise's step being always fused and capturable.
+        differentiable=True raises. betas may be floats or CPU tensors (read on the host)."""
+        torch_options = dict(foreach=foreach, capturable=capturable, fused=fused)
+        _check_torch_options({**torch_options, "differentiable": differentiable}, "argument")
         if isinstance(lr, torch.Tensor) and lr.numel() != 1:
             raise ValueError("lr as a tensor must have one element")
         if not 0.0 <= float(lr):
@@ -37,11 +45,12 @@ class AdamW(torch.optim.Optimizer):
         if not 0.0 <= eps:
             raise ValueError(f"Invalid epsilon value: {eps}")
         for i, b in enumerate(betas):
-            if not 0.0 <= float(b) < 1.0:
+            if not 0.0 <= _host_float(b) < 1.0:
                 raise ValueError(f"Invalid beta parameter at index {i}: {b}")
         if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        # torch.optim.AdamW's group keys too, so a state_dict loads into either optimizer
+        # torch.optim.AdamW's group keys too (its defaults for the implementation choices), so a
+        # state_dict loads into either optimizer
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         maximize=maximize, foreach=None, capturable=False, differentiable=False,
                         fused=None, decoupled_weight_decay=True,
@@ -58,14 +67,16 @@ class AdamW(torch.optim.Optimizer):
         self._buckets, self._synced = {}, {}
 
     def add_param_group(self, param_group):
+        _check_torch_options(param_group, "parameter group")
         params = param_group["params"]
         if isinstance(params, torch.Tensor):
             params = [params]
         elif not isinstance(params, set):  # torch itself refuses sets (unordered)
             params = list(params)
-        for p in params:
+        tensors = [p[1] if isinstance(p, tuple) else p for p in params]  # (name, p): torch's too
+        for p in tensors:
             _check_param(p)
-        if len(set(params)) != len(params):
+        if len(set(tensors)) != len(tensors):
             raise ValueError(
                 "fusewise.optim.AdamW: a parameter appears more than once in a parameter group "
                 "(torch warns that this will become an error); two rows of the kernel's table "
@@ -113,6 +124,8 @@ class AdamW(torch.optim.Optimizer):
         casts them to the parameter's dtype, which would round fp32 moments and masters of a
         bf16 model)."""
         saved_groups = state_dict["param_groups"]
+        if any(g.get("differentiable") for g in saved_groups):
+            raise ValueError(_DIFFERENTIABLE.format("in the loaded state_dict's parameter group"))
         if len(saved_groups) == len(self.param_groups):  # else torch's load raises
             saved_groups = [{**g, **saved} for g, saved in zip(self.param_groups, saved_groups)]
             state_dict = {**state_dict, "param_groups": saved_groups}
@@ -204,7 +217,7 @@ class AdamW(torch.optim.Optimizer):
         lr = group["lr"]
         if isinstance(lr, torch.Tensor):
             lr = lr.to(p.device)
-        return dict(lr=lr, beta1=float(beta1), beta2=float(beta2), eps=group["eps"],
+        return dict(lr=lr, beta1=_host_float(beta1), beta2=_host_float(beta2), eps=group["eps"],
                     weight_decay=group["weight_decay"], maximize=group["maximize"])  # fmt: skip
 
     def _reference_group(self, group, params, states, grad_scale, found_inf):
@@ -235,6 +248,47 @@ class AdamW(torch.optim.Optimizer):
                 s_dtype=s_dtype, **self._hyper(group, params[idx[0]]), amsgrad=group["amsgrad"],
                 master=master, grad_scale=grad_scale, found_inf=found_inf, aligned=aligned,
             )  # fmt: skip
+
+
+_NO_EFFECT = {"foreach": None, "capturable": False, "fused": None}  # torch's defaults
+_warned_no_effect: set[str] = set()
+_DIFFERENTIABLE = (
+    "fusewise.optim.AdamW: differentiable=True ({}) is not supported: the fused step is not "
+    "recorded by autograd; use torch.optim.AdamW(differentiable=True)"
+)
+
+
+def _check_torch_options(options: dict, where: str) -> None:
+    """torch's implementation choices: warn (once per process and name) that they have no
+    effect; refuse what fusewise would otherwise silently not do."""
+    if options.get("differentiable"):
+        raise ValueError(_DIFFERENTIABLE.format(where))
+    if options.get("decoupled_weight_decay", True) is False:
+        raise ValueError(
+            f"fusewise.optim.AdamW: decoupled_weight_decay=False ({where}) asks for Adam's "
+            "weight decay through the gradient; fusewise decays decoupled only (AdamW). Use "
+            "torch.optim.Adam(weight_decay=...) for those parameters."
+        )
+    for name, default in _NO_EFFECT.items():
+        value = options.get(name, default)
+        if value != default and name not in _warned_no_effect:
+            _warned_no_effect.add(name)
+            warnings.warn(
+                f"fusewise.optim.AdamW: {name}={value!r} ({where}) has no effect: the step is "
+                "always fused (one Triton launch per dtype bucket) and capturable.",
+                stacklevel=3,
+            )
+
+
+def _host_float(x) -> float:
+    """A hyperparameter read on the host each step: a device tensor would sync every step."""
+    if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+        raise ValueError(
+            f"fusewise.optim.AdamW: betas as tensors must be on the CPU (got one on {x.device}): "
+            "1 - beta and log(beta) are computed on the host in double each step, and reading "
+            "a device tensor there would sync"
+        )
+    return float(x)
 
 
 def _resync(p: torch.Tensor, master: torch.Tensor) -> None:
