@@ -164,11 +164,15 @@ class Bucket:
         self.chunks = None
         self.key = None
         self.table = None
+        self.written = None
 
     def tables(self, device, rows: list[tuple[int, ...]], item_sizes: tuple[int, ...]):
         key = tuple(rows)
         if key != self.key:
-            _check_disjoint(rows, item_sizes)
+            written = [row[:2] + row[3:7] for row in rows]  # numel and the written pointers
+            if written != self.written:  # not each time a new gradient moves the table
+                _check_disjoint(written, item_sizes)
+                self.written = written
             self.table = _to_device(rows, device)
             self.key = key
         if self.chunks is None:
@@ -176,17 +180,15 @@ class Bucket:
         return self.table, self.chunks
 
 
-_WRITTEN = (1, 3, 4, 5, 6)  # table columns the kernel writes: param, m, v, vmax, master
-
-
-def _check_disjoint(rows, item_sizes) -> None:
+def _check_disjoint(written, item_sizes) -> None:
     """Programs of one launch write their tensors concurrently: two rows whose written memory
-    overlaps would race (a parameter that is a view of another, state shared between two)."""
+    overlaps would race (a parameter that is a view of another, state shared between two).
+    written: (numel, param, m, v, vmax, master) per row; item_sizes: their element sizes."""
     spans = sorted(
-        (row[col], row[col] + row[0] * size)
-        for row in rows
-        for col, size in zip(_WRITTEN, item_sizes)
-        if row[col] and row[0]
+        (ptr, ptr + row[0] * size)
+        for row in written
+        for ptr, size in zip(row[1:], item_sizes)
+        if ptr and row[0]  # absent (0), or empty
     )
     for (_, end), (start, _) in zip(spans, spans[1:]):
         if start < end:
