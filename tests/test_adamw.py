@@ -276,3 +276,22 @@ def test_bias_corrections_as_exact_as_torch(path, betas, step, device, monkeypat
     assert fusewise.ops.paths()["adamw"] == ("reference" if path == "reference" else kernel)
     ours, theirs = rel(out["ours"], out["exact"]), rel(out["torch"], out["exact"])
     assert ours <= 2 * theirs + 1e-8, (ours, theirs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_parameters_on_a_gpu_other_than_the_current_one():
+    """Triton launches on the current device: the step must launch on the parameters' one (and
+    on its stream), with GradScaler's flags brought there."""
+    p = torch.randn(5000, device="cuda:1", requires_grad=True)
+    q = p.detach().clone().requires_grad_()
+    p.grad = torch.randn_like(p)
+    q.grad = p.grad.clone()
+    opt = fusewise.optim.AdamW([p], lr=1e-2)
+    opt.grad_scale = torch.tensor(2.0, device="cuda:0")  # as GradScaler.step sets them
+    opt.found_inf = torch.tensor(0.0, device="cuda:0")
+    with torch.cuda.device(0):
+        opt.step()
+    q.grad /= 2.0
+    torch.optim.AdamW([q], lr=1e-2).step()
+    assert rel(p, q) < 1e-6

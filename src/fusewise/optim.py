@@ -203,7 +203,7 @@ class AdamW(torch.optim.Optimizer):
             steps = [st["step"] for st in states]
             torch._foreach_add_(steps, 1.0)
             if found_inf is not None:  # a skipped step does not count, as in torch
-                torch._foreach_sub_(steps, [found_inf.to(steps[0].device)] * len(steps))
+                torch._foreach_sub_(steps, [found_inf.to(s.device) for s in steps])
             if fused.kernel_can_run(*params):
                 self._fused_group(gi, group, params, states, grad_scale, found_inf)
             else:

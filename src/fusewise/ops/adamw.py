@@ -24,6 +24,7 @@ A found_inf flag (GradScaler) turns every program's update off on the device.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import struct
 
@@ -215,20 +216,27 @@ def launch(bucket: Bucket, rows, device, *, p_dtype, g_dtype, s_dtype, lr, beta1
     if n_chunks == 0:
         return
     lr_is_tensor = isinstance(lr, torch.Tensor)
+    if grad_scale is not None:  # GradScaler's tensors live on its device: the bucket's here
+        grad_scale = grad_scale.to(device, non_blocking=True)  # (itself when the same)
+    if found_inf is not None:
+        found_inf = found_inf.to(device, non_blocking=True)
     beta1, beta2 = float(beta1), float(beta2)
-    # 1 - beta and log(beta) in double here: 1 - beta2 from beta2 rounded to fp32 is 1.3% off at
-    # 0.999999 (torch computes both in Python double)
-    adamw_kernel[(n_chunks,)](
-        table, chunks, lr if lr_is_tensor else table, 0.0 if lr_is_tensor else float(lr),
-        1.0 - beta1, beta2, 1.0 - beta2, *_log_hi_lo(beta1), *_log_hi_lo(beta2), float(eps),
-        float(weight_decay),
-        grad_scale if grad_scale is not None else table,
-        found_inf if found_inf is not None else table,
-        P_DTYPE=_TL_DTYPES[p_dtype], G_DTYPE=_TL_DTYPES[g_dtype], S_DTYPE=_TL_DTYPES[s_dtype],
-        LR_IS_TENSOR=lr_is_tensor, AMSGRAD=amsgrad, MAXIMIZE=maximize, MASTER=master,
-        HAS_SCALE=grad_scale is not None, HAS_INF=found_inf is not None, ALIGNED=aligned,
-        BLOCK=BLOCK, CHUNK_BLOCKS=CHUNK_BLOCKS, num_warps=4,
-    )  # fmt: skip
+    # Triton launches on the current device and stream: make them the tensors' device's
+    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with guard:
+        # 1 - beta and log(beta) in double here: 1 - beta2 from beta2 rounded to fp32 is 1.3%
+        # off at 0.999999 (torch computes both in Python double)
+        adamw_kernel[(n_chunks,)](
+            table, chunks, lr if lr_is_tensor else table, 0.0 if lr_is_tensor else float(lr),
+            1.0 - beta1, beta2, 1.0 - beta2, *_log_hi_lo(beta1), *_log_hi_lo(beta2),
+            float(eps), float(weight_decay),
+            grad_scale if grad_scale is not None else table,
+            found_inf if found_inf is not None else table,
+            P_DTYPE=_TL_DTYPES[p_dtype], G_DTYPE=_TL_DTYPES[g_dtype], S_DTYPE=_TL_DTYPES[s_dtype],
+            LR_IS_TENSOR=lr_is_tensor, AMSGRAD=amsgrad, MAXIMIZE=maximize, MASTER=master,
+            HAS_SCALE=grad_scale is not None, HAS_INF=found_inf is not None, ALIGNED=aligned,
+            BLOCK=BLOCK, CHUNK_BLOCKS=CHUNK_BLOCKS, num_warps=4,
+        )  # fmt: skip
 
 
 def _log_hi_lo(beta: float) -> tuple[float, float]:
