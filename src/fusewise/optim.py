@@ -9,7 +9,8 @@ from it (kept where it still rounds to the parameter's value). Writes through p.
 (p.data.copy_(x)) bump a version counter of p.data's own and are not seen: call
 opt.sync_master_weights() after them, or the next step undoes them from the stale master.
 step() never synchronises with the host (steps and bias corrections live on the device; lr may be
-a tensor), so it can be captured in a CUDA graph. Under torch.amp.GradScaler the gradients are
+a tensor), so it can be captured in a CUDA graph. Every torch.optim.AdamW argument is taken (see
+AdamW.__init__); a parameter listed twice, or parameters overlapping in memory, raise. Under torch.amp.GradScaler the gradients are
 unscaled inside the kernel and a step with an inf/nan gradient is skipped on the device.
 """
 
