@@ -295,3 +295,24 @@ def test_parameters_on_a_gpu_other_than_the_current_one():
     q.grad /= 2.0
     torch.optim.AdamW([q], lr=1e-2).step()
     assert rel(p, q) < 1e-6
+
+
+@pytest.mark.gpu
+def test_step_never_syncs_with_the_host():
+    """CPU tensors as lr and betas (read on the host, copied without a sync), master weights,
+    and a parameter changed outside the optimizer (resynced on the device): no sync."""
+    params = clone(make_params("cuda", dtype=torch.bfloat16))
+    for p in params:
+        p.grad = torch.randn_like(p)
+    betas = (torch.tensor(0.9), torch.tensor(0.999))
+    opt = fusewise.optim.AdamW(params, lr=torch.tensor(1e-2), betas=betas, master_weights=True)
+    opt.step()  # creates the state
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        opt.step()
+        with torch.no_grad():
+            params[0].fill_(1.0)
+        opt.step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.equal(params[0].detach(), opt.state[params[0]]["master_param"].bfloat16())

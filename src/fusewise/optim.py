@@ -216,8 +216,8 @@ class AdamW(torch.optim.Optimizer):
     def _hyper(self, group, p):
         beta1, beta2 = group["betas"]
         lr = group["lr"]
-        if isinstance(lr, torch.Tensor):
-            lr = lr.to(p.device)
+        if isinstance(lr, torch.Tensor):  # a CPU lr copied without a sync, as torch's fused
+            lr = lr.to(p.device, non_blocking=True)
         return dict(lr=lr, beta1=_host_float(beta1), beta2=_host_float(beta2), eps=group["eps"],
                     weight_decay=group["weight_decay"], maximize=group["maximize"])  # fmt: skip
 
