@@ -58,10 +58,10 @@ def _load(ptr, offs, mask, MASKED: tl.constexpr):
 
 @triton.jit
 def _one_minus_pow(step, log_beta_hi, log_beta_lo):
-    """1 - beta**step as torch computes it: in double (fp64 exp is libdevice's exact one; the
-    fp32 tl.exp is ex2.approx, 1e-3 off at beta2 = 0.999999). log(beta) comes from the host in
-    double, as two fp32 halves (hi + lo). Scalar work, once per program. (tl.cast, not .to:
-    the interpreter passes float arguments as Python floats.)"""
+    """1 - beta**step as torch computes it: in double (fp64 exp is libdevice's __nv_exp; the
+    fp32 tl.exp is ex2.approx, and 1 - exp(x) in fp32 was 1e-3 off at beta2 = 0.999999).
+    log(beta) comes from the host in double, as two fp32 halves (hi + lo). Scalar work, once per
+    program. (tl.cast, not .to: the interpreter passes float arguments as Python floats.)"""
     log_beta = tl.cast(log_beta_hi, tl.float64) + tl.cast(log_beta_lo, tl.float64)
     x = tl.cast(step, tl.float64) * log_beta
     return 1.0 - tl.exp(x)
