@@ -6,33 +6,8 @@ import pytest
 import torch
 
 import fusewise
+from adamw_cases import clone, make_params, rel, resume_and_compare, run
 from fusewise.ops import _dispatch
-
-SIZES = [1, 7, 4096, 4097, 10_000, 3 * 5]  # one element, odd, exactly a chunk, a chunk + 1
-
-
-def make_params(device, dtype=torch.float32, sizes=SIZES):
-    shapes = [(n,) if i % 2 else (n, 1) for i, n in enumerate(sizes)]
-    return [torch.randn(s, device=device, dtype=dtype) for s in shapes]
-
-
-def clone(params, dtype=None):
-    return [p.detach().clone().to(dtype or p.dtype).requires_grad_() for p in params]
-
-
-def run(opt_cls, params, grads, steps, groups_fn, set_none=(), **kw):
-    opt = opt_cls(groups_fn(params), **kw)
-    for t in range(steps):
-        for i, (p, g) in enumerate(zip(params, grads[t])):
-            p.grad = None if (t, i) in set_none else g.to(p.dtype).clone()
-        opt.step()
-    return opt
-
-
-def rel(a, b):
-    a, b = a.detach().double().cpu(), b.detach().double().cpu()
-    return ((a - b).norm() / b.norm()).item()
-
 
 CASES = {
     "plain": dict(kw=dict(lr=1e-2), groups=lambda ps: ps),
@@ -119,16 +94,6 @@ def test_grad_scaler_unscales_and_skips_inf_steps(inf_at, device):
     assert our_steps == their_steps == (3 if inf_at is not None else 4)
     assert our_scale == their_scale
     assert rel(ours, theirs) < 1e-5
-
-
-def resume_and_compare(opt, params, grads, ref):
-    """Step opt over the remaining gradients, then params must match the uninterrupted run."""
-    for step_grads in grads:
-        for p, g in zip(params, step_grads):
-            p.grad = g.clone()
-        opt.step()
-    for p, r in zip(params, ref):
-        assert rel(p, r) < 1e-5
 
 
 def test_checkpoint_round_trips_with_torch(device):
@@ -266,3 +231,88 @@ def test_param_group_forms_like_torch(device):
     c = torch.randn(2, dtype=torch.complex64, device=device, requires_grad=True)
     with pytest.raises(TypeError, match="complex"):
         opt.add_param_group({"params": (x for x in [c])})  # checked whatever the container
+
+
+BIAS_BETAS = [(0.9, 0.999), (0.99, 0.999999), (0.5, 0.99999)]
+
+
+@pytest.mark.parametrize("step", [1, 2, 10, 1000, 10**6])
+@pytest.mark.parametrize("betas", BIAS_BETAS, ids=lambda b: f"b{b[0]}-{b[1]}")
+@pytest.mark.parametrize("path", ["kernel", "reference"])
+@pytest.mark.filterwarnings("ignore:fusewise.ops.adamw")  # the reference path's; tested below
+def test_bias_corrections_as_exact_as_torch(path, betas, step, device, monkeypatch):
+    """One update at `step` (the count a device fp32 tensor, as fusewise keeps it) from a zero
+    parameter without decay, so the result is the update itself, unrounded by the parameter:
+    its error against float64 must be torch's own (fp32, bias corrections in Python double)."""
+    if path == "reference":  # the eager path: CPU tensors without the interpreter
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        monkeypatch.delenv("FUSEWISE_STRICT", raising=False)
+        monkeypatch.setattr(_dispatch, "_warned", set())
+        device = torch.device("cpu")
+    n = 256
+    g = torch.randn(n, device=device)
+    first = step == 1  # the real first step starts from zero moments
+    m0 = torch.zeros(n, device=device) if first else torch.randn(n, device=device)
+    v0 = torch.zeros(n, device=device) if first else torch.rand(n, device=device) + 0.1
+    out = {}
+    runs = [
+        ("ours", fusewise.optim.AdamW, torch.float32, device),  # step on the device
+        ("torch", torch.optim.AdamW, torch.float32, "cpu"),
+        ("exact", torch.optim.AdamW, torch.float64, "cpu"),
+    ]
+    for name, cls, dtype, step_device in runs:
+        p = torch.zeros(n, device=device, dtype=dtype, requires_grad=True)
+        opt = cls([p], lr=1e-2, betas=betas, weight_decay=0.0)
+        opt.state[p] = {
+            "step": torch.tensor(float(step - 1), device=step_device),
+            "exp_avg": m0.to(dtype, copy=True),
+            "exp_avg_sq": v0.to(dtype, copy=True),
+        }
+        p.grad = g.to(dtype)
+        opt.step()
+        out[name] = p
+        assert opt.state[p]["step"].item() == step
+    kernel = "triton" if device.type == "cuda" else "triton-interpreter"
+    assert fusewise.ops.paths()["adamw"] == ("reference" if path == "reference" else kernel)
+    ours, theirs = rel(out["ours"], out["exact"]), rel(out["torch"], out["exact"])
+    assert ours <= 2 * theirs + 1e-8, (ours, theirs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_parameters_on_a_gpu_other_than_the_current_one():
+    """Triton launches on the current device: the step must launch on the parameters' one (and
+    on its stream), with GradScaler's flags brought there."""
+    p = torch.randn(5000, device="cuda:1", requires_grad=True)
+    q = p.detach().clone().requires_grad_()
+    p.grad = torch.randn_like(p)
+    q.grad = p.grad.clone()
+    opt = fusewise.optim.AdamW([p], lr=1e-2)
+    opt.grad_scale = torch.tensor(2.0, device="cuda:0")  # as GradScaler.step sets them
+    opt.found_inf = torch.tensor(0.0, device="cuda:0")
+    with torch.cuda.device(0):
+        opt.step()
+    q.grad /= 2.0
+    torch.optim.AdamW([q], lr=1e-2).step()
+    assert rel(p, q) < 1e-6
+
+
+@pytest.mark.gpu
+def test_step_never_syncs_with_the_host():
+    """CPU tensors as lr and betas (read on the host, copied without a sync), master weights,
+    and a parameter changed outside the optimizer (resynced on the device): no sync."""
+    params = clone(make_params("cuda", dtype=torch.bfloat16))
+    for p in params:
+        p.grad = torch.randn_like(p)
+    betas = (torch.tensor(0.9), torch.tensor(0.999))
+    opt = fusewise.optim.AdamW(params, lr=torch.tensor(1e-2), betas=betas, master_weights=True)
+    opt.step()  # creates the state
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        opt.step()
+        with torch.no_grad():
+            params[0].fill_(1.0)
+        opt.step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.equal(params[0].detach(), opt.state[params[0]]["master_param"].bfloat16())

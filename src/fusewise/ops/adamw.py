@@ -8,6 +8,9 @@ Equals torch.optim.AdamW's update (ops/reference.py: adamw_update), per element,
     vmax = max(vmax, v) if amsgrad;  denom = sqrt(v or vmax) / sqrt(1 - beta2**step) + eps
     p = p - lr / (1 - beta1**step) * m / denom
 
+with 1 - beta and the bias corrections 1 - beta**step (and their square root, and lr over it)
+computed in double and rounded once, as torch does in Python (here on the device, in fp64 scalars).
+
 Traffic per element: reads grad, m, v and p (or the fp32 master), writes m, v and p (and the
 rounded model copy when master weights are kept): 28 bytes in fp32, and 28 in the bf16 +
 fp32-master layout (grad 2, m 4, v 4, master 4 read; m, v, master 4 each and param 2 written).
@@ -20,6 +23,10 @@ A found_inf flag (GradScaler) turns every program's update off on the device.
 """
 
 from __future__ import annotations
+
+import contextlib
+import math
+import struct
 
 import torch
 import triton
@@ -50,8 +57,20 @@ def _load(ptr, offs, mask, MASKED: tl.constexpr):
 
 
 @triton.jit
+def _one_minus_pow(step, log_beta_hi, log_beta_lo):
+    """1 - beta**step as torch computes it: in double (fp64 exp is libdevice's __nv_exp; the
+    fp32 tl.exp is ex2.approx, and 1 - exp(x) in fp32 was 1e-3 off at beta2 = 0.999999).
+    log(beta) comes from the host in double, as two fp32 halves (hi + lo). Scalar work, once per
+    program. (tl.cast, not .to: the interpreter passes float arguments as Python floats.)"""
+    log_beta = tl.cast(log_beta_hi, tl.float64) + tl.cast(log_beta_lo, tl.float64)
+    x = tl.cast(step, tl.float64) * log_beta
+    return 1.0 - tl.exp(x)
+
+
+@triton.jit
 def _update_block(offs, n, p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, w_ptr, inv_scale, decay,
-                  step_size, bc2_sqrt, beta1, beta2, eps, MASKED: tl.constexpr,
+                  step_size, bc2_sqrt, one_minus_beta1, beta2, one_minus_beta2, eps,
+                  MASKED: tl.constexpr,
                   AMSGRAD: tl.constexpr, MAXIMIZE: tl.constexpr, MASTER: tl.constexpr,
                   HAS_SCALE: tl.constexpr):  # fmt: skip
     """One BLOCK of one tensor: load, update in fp32 registers, store. w_ptr is the fp32 master
@@ -66,8 +85,8 @@ def _update_block(offs, n, p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, w_ptr, inv_scal
     m = _load(m_ptr, offs, mask, MASKED)
     v = _load(v_ptr, offs, mask, MASKED)
     w = w * decay
-    m = m + (1.0 - beta1) * (g - m)
-    v = v * beta2 + (1.0 - beta2) * g * g
+    m = m + one_minus_beta1 * (g - m)
+    v = v * beta2 + one_minus_beta2 * g * g
     if AMSGRAD:
         vmax = tl.maximum(_load(vmax_ptr, offs, mask, MASKED), v)
         tl.store(vmax_ptr + offs, _round(vmax, vmax_ptr.dtype.element_ty), mask=mask)
@@ -83,7 +102,9 @@ def _update_block(offs, n, p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, w_ptr, inv_scal
 
 
 @triton.jit
-def adamw_kernel(TABLE, CHUNKS, LR, lr, beta1, beta2, eps, weight_decay, GRAD_SCALE, FOUND_INF,
+def adamw_kernel(TABLE, CHUNKS, LR, lr, one_minus_beta1, beta2, one_minus_beta2, log_beta1_hi,
+                 log_beta1_lo, log_beta2_hi, log_beta2_lo, eps, weight_decay, GRAD_SCALE,
+                 FOUND_INF,
                  P_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr,
                  LR_IS_TENSOR: tl.constexpr, AMSGRAD: tl.constexpr, MAXIMIZE: tl.constexpr,
                  MASTER: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr,
@@ -107,22 +128,25 @@ def adamw_kernel(TABLE, CHUNKS, LR, lr, beta1, beta2, eps, weight_decay, GRAD_SC
     step = tl.load(_ptr(row, 7, tl.float32, False))
     if LR_IS_TENSOR:
         lr = tl.load(LR).to(tl.float32)
-    # bias corrections from the step on the device; beta**step as exp(step * log(beta))
-    bc1 = 1.0 - tl.exp(step * tl.log(beta1))
-    bc2_sqrt = tl.sqrt(1.0 - tl.exp(step * tl.log(beta2)))
-    step_size = lr / bc1
+    # bias corrections from the step on the device, in double and rounded once, as torch's
+    bc1 = _one_minus_pow(step, log_beta1_hi, log_beta1_lo)
+    bc2 = _one_minus_pow(step, log_beta2_hi, log_beta2_lo)
+    step_size = (tl.cast(lr, tl.float64) / bc1).to(tl.float32)
+    bc2_sqrt = tl.sqrt(bc2).to(tl.float32)
     decay = 1.0 - lr * weight_decay
     inv_scale = 1.0 / tl.load(GRAD_SCALE).to(tl.float32) if HAS_SCALE else 1.0
     offs0 = start + tl.arange(0, BLOCK).to(tl.int64)
     if start + BLOCK * CHUNK_BLOCKS <= n:  # whole chunk in range: unmasked, vectorised
         for i in tl.static_range(CHUNK_BLOCKS):
             _update_block(offs0 + i * BLOCK, n, p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, w_ptr,
-                          inv_scale, decay, step_size, bc2_sqrt, beta1, beta2, eps, False,
+                          inv_scale, decay, step_size, bc2_sqrt, one_minus_beta1, beta2,
+                          one_minus_beta2, eps, False,
                           AMSGRAD, MAXIMIZE, MASTER, HAS_SCALE)  # fmt: skip
     else:
         for i in tl.static_range(CHUNK_BLOCKS):
             _update_block(offs0 + i * BLOCK, n, p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, w_ptr,
-                          inv_scale, decay, step_size, bc2_sqrt, beta1, beta2, eps, True,
+                          inv_scale, decay, step_size, bc2_sqrt, one_minus_beta1, beta2,
+                          one_minus_beta2, eps, True,
                           AMSGRAD, MAXIMIZE, MASTER, HAS_SCALE)  # fmt: skip
 
 
@@ -141,15 +165,39 @@ class Bucket:
         self.chunks = None
         self.key = None
         self.table = None
+        self.written = None
 
-    def tables(self, device, rows: list[tuple[int, ...]]):
+    def tables(self, device, rows: list[tuple[int, ...]], item_sizes: tuple[int, ...]):
         key = tuple(rows)
         if key != self.key:
+            written = [row[:2] + row[3:7] for row in rows]  # numel and the written pointers
+            if written != self.written:  # not each time a new gradient moves the table
+                _check_disjoint(written, item_sizes)
+                self.written = written
             self.table = _to_device(rows, device)
             self.key = key
         if self.chunks is None:
             self.chunks = _to_device(self.chunks_host, device)
         return self.table, self.chunks
+
+
+def _check_disjoint(written, item_sizes) -> None:
+    """Programs of one launch write their tensors concurrently: two rows whose written memory
+    overlaps would race (a parameter that is a view of another, state shared between two).
+    written: (numel, param, m, v, vmax, master) per row; item_sizes: their element sizes."""
+    spans = sorted(
+        (ptr, ptr + row[0] * size)
+        for row in written
+        for ptr, size in zip(row[1:], item_sizes)
+        if ptr and row[0]  # absent (0), or empty
+    )
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        if start < end:
+            raise ValueError(
+                "fusewise.optim.AdamW: two tensors one step writes overlap in memory (parameters "
+                "that are views of one tensor, or state shared between parameters); their "
+                "updates would race. Give each parameter its own memory and state."
+            )
 
 
 def _to_device(rows, device) -> torch.Tensor:
@@ -162,21 +210,42 @@ def _to_device(rows, device) -> torch.Tensor:
 def launch(bucket: Bucket, rows, device, *, p_dtype, g_dtype, s_dtype, lr, beta1, beta2, eps,
            weight_decay, amsgrad, maximize, master, grad_scale, found_inf, aligned):  # fmt: skip
     """One launch over every tensor of the bucket (rows: one TABLE_COLS tuple per tensor)."""
-    table, chunks = bucket.tables(device, rows)
+    s_size = s_dtype.itemsize
+    table, chunks = bucket.tables(device, rows, (p_dtype.itemsize, s_size, s_size, s_size, 4))
     n_chunks = len(bucket.chunks_host)
     if n_chunks == 0:
         return
     lr_is_tensor = isinstance(lr, torch.Tensor)
-    adamw_kernel[(n_chunks,)](
-        table, chunks, lr if lr_is_tensor else table, 0.0 if lr_is_tensor else float(lr),
-        float(beta1), float(beta2), float(eps), float(weight_decay),
-        grad_scale if grad_scale is not None else table,
-        found_inf if found_inf is not None else table,
-        P_DTYPE=_TL_DTYPES[p_dtype], G_DTYPE=_TL_DTYPES[g_dtype], S_DTYPE=_TL_DTYPES[s_dtype],
-        LR_IS_TENSOR=lr_is_tensor, AMSGRAD=amsgrad, MAXIMIZE=maximize, MASTER=master,
-        HAS_SCALE=grad_scale is not None, HAS_INF=found_inf is not None, ALIGNED=aligned,
-        BLOCK=BLOCK, CHUNK_BLOCKS=CHUNK_BLOCKS, num_warps=4,
-    )  # fmt: skip
+    if grad_scale is not None:  # GradScaler's tensors live on its device: the bucket's here
+        grad_scale = grad_scale.to(device, non_blocking=True)  # (itself when the same)
+    if found_inf is not None:
+        found_inf = found_inf.to(device, non_blocking=True)
+    beta1, beta2 = float(beta1), float(beta2)
+    # Triton launches on the current device and stream: make them the tensors' device's
+    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with guard:
+        # 1 - beta and log(beta) in double here: 1 - beta2 from beta2 rounded to fp32 is 1.3%
+        # off at 0.999999 (torch computes both in Python double)
+        adamw_kernel[(n_chunks,)](
+            table, chunks, lr if lr_is_tensor else table, 0.0 if lr_is_tensor else float(lr),
+            1.0 - beta1, beta2, 1.0 - beta2, *_log_hi_lo(beta1), *_log_hi_lo(beta2),
+            float(eps), float(weight_decay),
+            grad_scale if grad_scale is not None else table,
+            found_inf if found_inf is not None else table,
+            P_DTYPE=_TL_DTYPES[p_dtype], G_DTYPE=_TL_DTYPES[g_dtype], S_DTYPE=_TL_DTYPES[s_dtype],
+            LR_IS_TENSOR=lr_is_tensor, AMSGRAD=amsgrad, MAXIMIZE=maximize, MASTER=master,
+            HAS_SCALE=grad_scale is not None, HAS_INF=found_inf is not None, ALIGNED=aligned,
+            BLOCK=BLOCK, CHUNK_BLOCKS=CHUNK_BLOCKS, num_warps=4,
+        )  # fmt: skip
+
+
+def _log_hi_lo(beta: float) -> tuple[float, float]:
+    """log(beta) in double as an fp32 pair (the kernel's float arguments are fp32)."""
+    if beta == 0.0:
+        return -math.inf, 0.0  # beta**step = 0
+    log = math.log(beta)
+    hi = struct.unpack("f", struct.pack("f", log))[0]
+    return hi, log - hi
 
 
 def kernel_can_run(*tensors: torch.Tensor) -> bool:
