@@ -184,7 +184,7 @@ def test_diagnose_end_to_end_restores_state(tmp_path):
     assert "<svg" in page and "http://" not in page.replace("http://www.w3.org/2000/svg", "")
 
 
-def _dropout_run(device):
+def _dropout_run(device, optimizer="torch"):
     """A model with dropout, a step that draws from torch's, Python's and NumPy's generators and
     accumulates gradients (no zero_grad: a diagnosis must also put the gradients back)."""
     import random
@@ -196,25 +196,34 @@ def _dropout_run(device):
     np.random.seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.5),
                                 torch.nn.Linear(32, 4)).to(device)  # fmt: skip
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    if optimizer == "torch":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    else:  # a bf16 model with fp32 masters: restoring the model must not undo them
+        model = model.to(torch.bfloat16)
+        opt = fusewise.optim.AdamW(model.parameters(), lr=1e-2, master_weights=True)
 
     def step():
         x = torch.randn(8, 16, device=device) * (1 + random.random() + float(np.random.rand()))
-        model(x).square().mean().backward()
+        model(x.to(next(model.parameters()).dtype)).float().square().mean().backward()
         opt.step()
 
     return model, opt, step
 
 
-def test_restore_leaves_the_run_bit_identical(device):
+@pytest.mark.parametrize("optimizer", ["torch", "fusewise-masters"])
+@pytest.mark.parametrize("order", ["model-first", "optimizer-first"])
+def test_restore_leaves_the_run_bit_identical(optimizer, order, device):
     """After diagnose(restore=...), the next step equals the step of a run never diagnosed: the
-    parameters, the optimizer state, the gradients and every random generator are put back."""
+    parameters, the optimizer state (fp32 masters too, whichever is restored first), the
+    gradients and every random generator are put back."""
     results = []
     for diagnosed in (False, True):
-        model, opt, step = _dropout_run(device)
+        model, opt, step = _dropout_run(device, optimizer)
         step()
         if diagnosed:
-            fusewise.diagnose(step, steps=1, warmup=1, restore=[model, opt], ceilings=H200)
+            restore = [model, opt] if order == "model-first" else [opt, model]
+            fusewise.diagnose(step, steps=1, warmup=1, restore=restore, ceilings=H200)
+        step()
         step()
         results.append([t.detach().clone() for t in
                         [*model.parameters(), *(p.grad for p in model.parameters())]])  # fmt: skip
