@@ -2,6 +2,7 @@
 fusewise.step(), script stopped after the measured steps), and the demos' entry points."""
 
 import json
+import os
 import textwrap
 
 import pytest
@@ -383,3 +384,170 @@ def test_script_arguments_without_the_separator_get_a_hint(tmp_path, capsys):
     assert e.value.code == 2
     assert f"arguments for the script go after --: fusewise diagnose {script} [options] -- " \
            f"--end exit" in capsys.readouterr().err  # fmt: skip
+
+
+CFG = """
+import argparse
+ap = argparse.ArgumentParser()
+ap.add_argument("--seq", type=int, default=64)
+args, _ = ap.parse_known_args()  # read when imported: a second run must import it again
+"""
+
+CFG_TRAIN = """
+import torch
+from cfg import args
+from model import Tiny
+model = Tiny(32)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(20):
+    model(torch.randn(4, args.seq, 32)).sum().backward()
+    opt.step()
+"""
+
+
+def test_sizes_reimport_the_scripts_own_modules(tmp_path):
+    """A sibling module that reads sys.argv when imported sees each size (the second run once
+    reused the first run's module, silently measuring one size twice)."""
+    write(tmp_path, "cfg.py", CFG)
+    write(tmp_path, "model.py", MODEL)
+    script = write(tmp_path, "train.py", CFG_TRAIN)
+    out = tmp_path / "r.json"
+    assert main(["diagnose", script, "--steps", "1", "--warmup", "1", "--sizes", "seq=256,512",
+                 "--json", str(out)]) == 0  # fmt: skip
+    fit = strict_json(out.read_text())["step"]["memory_scaling"]
+    assert fit["exponent"] >= 1.9 and fit["sizes"] == {"seq": [256, 512]}
+
+
+CHDIR = """
+import argparse, os, torch
+ap = argparse.ArgumentParser(); ap.add_argument("--d", type=int, default=8)
+a = ap.parse_args()
+os.makedirs(os.path.join(os.path.dirname(__file__), "sub"), exist_ok=True)
+os.chdir(os.path.join(os.path.dirname(__file__), "sub"))
+model = torch.nn.Linear(a.d, a.d)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(20):
+    model(torch.randn(4, a.d)).sum().backward()
+    opt.step()
+"""
+
+
+def test_a_script_that_changes_directory(tmp_path, monkeypatch):
+    """Output paths are the user's (resolved before the run), the second --sizes run finds the
+    script, and the working directory is put back."""
+    proj, here = tmp_path / "proj", tmp_path / "here"
+    proj.mkdir()
+    here.mkdir()
+    write(proj, "chd.py", CHDIR)
+    monkeypatch.chdir(here)
+    rc = main(["diagnose", "../proj/chd.py", "--steps", "1", "--warmup", "1", "--sizes",
+               "d=8,16", "--json", "r.json"])  # fmt: skip
+    assert rc == 0 and (here / "r.json").exists() and os.getcwd() == str(here)
+
+
+TWO_OPTIMIZERS = """
+import sys, torch, fusewise
+a, b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+oa, ob = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.AdamW(b.parameters())
+class Wrapper(torch.optim.Optimizer):  # steps an inner optimizer, as ZeroRedundancyOptimizer
+    def __init__(self, inner):
+        self.inner = inner
+        super().__init__(inner.param_groups, {})
+    def step(self, closure=None):
+        return self.inner.step()
+wrapped = Wrapper(torch.optim.SGD(b.parameters(), lr=0.1))
+for _ in range(20):
+    b(a(torch.randn(4, 8))).sum().backward()
+    if sys.argv[1] == "two":
+        oa.step(); ob.step()
+    elif sys.argv[1] == "two-marked":
+        oa.step(); ob.step(); fusewise.step()
+    else:
+        wrapped.step()
+"""
+
+
+@pytest.mark.parametrize("case", ["two", "two-marked", "nested"])
+def test_what_ends_a_step_with_several_optimizers(case, tmp_path, capsys):
+    """Two optimizers per iteration would cut it in pieces: refused with the way out
+    (fusewise.step(), after which only it ends steps); an optimizer stepping another inside its
+    step() ends one step."""
+
+    script = write(tmp_path, "train.py", TWO_OPTIMIZERS)
+    out = tmp_path / "r.json"
+    rc = main(["diagnose", script, "--steps", "1", "--warmup", "1", "--json", str(out), "--",
+               case])  # fmt: skip
+    said = " ".join(capsys.readouterr().out.split())
+    if case == "two":
+        assert rc == 1 and "2 optimizers (SGD, AdamW) each ended steps" in said
+        assert "Call fusewise.step() at the end of each iteration" in said
+        return
+    assert rc == 0
+    phases = strict_json(out.read_text())["step"]
+    assert phases["ops_recorded"] > 0
+    top = {t["name"] for t in strict_json(out.read_text())["top"]}
+    assert "aten::addmm" in top or "aten::mm" in top  # the forward is in the step
+
+
+@pytest.mark.parametrize("sizes", ["n=inf,5", "n=nan,5", "n=0,5", "n=5,5", "n=5"])
+def test_sizes_must_be_two_finite_positive_numbers(sizes, tmp_path, capsys):
+    script = write(tmp_path, "train.py", STEPS_THEN)
+    assert main(["diagnose", script, "--sizes", sizes]) == 2
+    assert "--sizes wants NAME=V1,V2" in capsys.readouterr().out
+
+
+def test_output_paths_through_symlinks(tmp_path, capsys):
+    script = write(tmp_path, "train.py", STEPS_THEN)
+    (tmp_path / "a.json").write_text("{}")
+    os.symlink(tmp_path / "a.json", tmp_path / "alias.json")
+    os.symlink(tmp_path / "no" / "r.json", tmp_path / "dangling.json")
+    same = ["--json", str(tmp_path / "a.json"), "--html", str(tmp_path / "alias.json")]
+    assert main(["diagnose", script, *same]) == 2
+    assert "name the same file" in capsys.readouterr().out
+    assert main(["diagnose", script, "--json", str(tmp_path / "dangling.json")]) == 2
+    assert "does not exist" in capsys.readouterr().out
+
+
+def test_an_error_before_the_first_step(tmp_path, capsys):
+    script = write(tmp_path, "train.py", "import torch\nraise ImportError\n")
+    assert main(["diagnose", script]) == 1
+    said = " ".join(capsys.readouterr().out.split())
+    assert "raised ImportError before its first step ended (in start-up or step 1) at " in said
+
+
+def test_console_entry_exits_even_when_main_raises(tmp_path):
+    """Whatever main() does (a bug of ours, an error exit, a closed pipe), the console entry
+    ends the process: a script's non-daemon thread once kept it alive forever."""
+    import subprocess
+    import sys
+
+    code = ("import sys, threading, time, fusewise.cli as c\n"
+            "threading.Thread(target=time.sleep, args=(3600,)).start()\n"
+            "def boom(argv): raise RuntimeError('boom')\n"
+            "c.main = boom\n"
+            "sys.argv = ['fusewise', 'diagnose', 'x.py']\n"
+            "c.run()\n")  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 1 and "RuntimeError: boom" in done.stderr
+
+
+PROFILED = """
+import torch
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+schedule = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=1)
+with torch.profiler.profile(schedule=schedule) as p:  # starts while the diagnosis profiles
+    for _ in range(20):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        p.step()
+"""
+
+
+def test_a_script_running_its_own_profiler_is_told_why(tmp_path, capsys):
+    script = write(tmp_path, "train.py", PROFILED)
+    assert main(["diagnose", script, "--steps", "1", "--warmup", "1"]) == 1
+    said = " ".join(capsys.readouterr().out.split())
+    assert "The script runs torch.profiler itself, which cannot nest" in said

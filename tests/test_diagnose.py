@@ -372,3 +372,18 @@ def test_diagnose_a_gpt_training_step_on_the_gpu(autocast):
     assert {"norm", "attention", "optimizer"} <= patterns
     assert d["step"]["ops_recorded"] > 0 and d["top"][0]["ms_per_step"] > 0
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_restore_none_a_dict_and_the_gradient_tensors_kept(device):
+    """restore=None is no restore; a dict is refused with what to pass; the gradients are put
+    back into the tensors the parameters had (references to them, e.g. DDP's bucket views,
+    stay good)."""
+    model, opt, step = _dropout_run(device)
+    step()
+    fusewise.diagnose(step, steps=1, warmup=0, restore=None, ceilings=H200)
+    with pytest.raises(TypeError, match=r"not a dict: pass list\(your_dict.values\(\)\)"):
+        fusewise.diagnose(step, steps=1, warmup=0, restore={"m": model}, ceilings=H200)
+    grads = [(p.grad, p.grad.clone()) for p in model.parameters()]
+    fusewise.diagnose(step, steps=1, warmup=0, restore=[model, opt], ceilings=H200)
+    for p, (g, values) in zip(model.parameters(), grads):
+        assert p.grad is g and torch.equal(g, values)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -124,12 +125,27 @@ def run() -> None:
     handlers, profiler and CUDA teardown) is not ours to run down; its exit status is the
     diagnosis', never a crash during that teardown."""
     argv = sys.argv[1:]
-    rc = main(argv)
-    if argv[:1] == ["diagnose"]:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(rc)
-    raise SystemExit(rc)
+    if argv[:1] != ["diagnose"]:
+        raise SystemExit(main(argv))
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse's errors, rich's on a closed pipe
+        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        rc = 130
+    except BaseException:  # a bug of ours: said, then the same hard exit
+        import traceback
+
+        traceback.print_exc()
+        rc = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed pipe
+            pass
+    os._exit(rc)
 
 
 def _output_problem(path: str | None, flag: str, script: str, taken: dict) -> str | None:
@@ -137,9 +153,9 @@ def _output_problem(path: str | None, flag: str, script: str, taken: dict) -> st
     never costs the run), or None."""
     if path is None:
         return None
-    target = os.path.abspath(path)
+    target = os.path.realpath(path)  # through symlinks: two names of one file are one file
     folder = os.path.dirname(target)
-    if os.path.isdir(target):
+    if os.path.isdir(path):
         return f"{flag} {path} is a folder; give a file path"
     if not os.path.isdir(folder):
         return f"{flag} {path}: the folder {folder} does not exist"
@@ -167,6 +183,8 @@ def _diagnose_script(console: Console, args) -> int:
     if not os.path.isfile(args.script):
         console.print(Text(f"no such script: {args.script}", style="red"))
         return 2
+    # absolute now: the script may change the working directory
+    args.json, args.html = (os.path.abspath(p) if p else p for p in (args.json, args.html))
     taken: dict = {}
     for path, flag in ((args.json, "--json"), (args.html, "--html")):
         problem = _output_problem(path, flag, args.script, taken)
@@ -179,8 +197,8 @@ def _diagnose_script(console: Console, args) -> int:
                            f"{args.sizes!r}", style="red"))  # fmt: skip
         return 2
     runs = []
-    variants = [_with_size(args.script_args, sizes[0], _num(v)) for v in sizes[1:]] if sizes \
-        else [args.script_args]  # fmt: skip
+    variants = [_with_size(args.script_args, sizes[0], v) for v in args.sizes.split("=", 1)[1]
+                .split(",")] if sizes else [args.script_args]  # fmt: skip
     for script_args in variants:
         obs = StepObserver(args.steps, args.warmup)
         obs.run(args.script, script_args)
@@ -192,18 +210,20 @@ def _diagnose_script(console: Console, args) -> int:
             return 1
         runs.append(obs)
     obs = runs[-1]
-    extra_findings = []
+    extra_findings, scaling = [], None
     if sizes:
-        from .diagnose.scaling import find_scaling
+        from .diagnose import scaling as sc
 
-        measured = (runs[0].peak, runs[1].peak) if obs.cuda else None
-        extra_findings = find_scaling(runs[0].recorder.graph, sizes[1], obs.recorder.graph,
-                                      sizes[2], name=sizes[0], measured=measured)  # fmt: skip
+        at = (runs[0].recorder.graph, sizes[1], obs.recorder.graph, sizes[2])
+        kw = dict(name=sizes[0], measured=(runs[0].peak, runs[1].peak) if obs.cuda else None)
+        extra_findings, scaling = sc.find_scaling(*at, **kw), sc.fit(*at, **kw)
     ceil = hardware.ceilings("cuda" if obs.cuda else "cpu")
     report = build_report(obs.recorder.graph, obs.op_ms, obs.times_ms, obs.peak, ceil,
                           obs.captured_ms, extra_findings=extra_findings,
                           scaling_ran=bool(sizes), timeline=obs.timeline,
                           loader_lines=obs.loader_lines)  # fmt: skip
+    if scaling is not None:  # shown whatever the exponent (a finding only when quadratic)
+        report.step["memory_scaling"] = scaling
     if args.json:  # files first: the terminal rendering must never cost them
         report.save_json(args.json)
     if args.html:
@@ -232,16 +252,13 @@ def _with_size(args: list[str], name: str, value: str) -> list[str]:
 
 
 def _parse_sizes(text: str):
-    """'seq_len=512,1024' -> ('seq_len', 512.0, 1024.0), or None if malformed."""
+    """'seq_len=512,1024' -> ('seq_len', 512.0, 1024.0), or None if malformed. The script gets
+    the values as written (1.0 stays 1.0, for parsers that check the type)."""
     name, _, values = text.lstrip("-").partition("=")
     try:
         a, b = (float(v) for v in values.split(","))
     except ValueError:
         return None
-    if not name or a <= 0 or b <= 0 or a == b:
+    if not name or not (0 < a < math.inf and 0 < b < math.inf) or a == b:
         return None
     return name, a, b
-
-
-def _num(v: float) -> str:
-    return str(int(v)) if v == int(v) else str(v)

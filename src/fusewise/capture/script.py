@@ -10,9 +10,13 @@ the observations are returned. A script that ends sooner is reported with what i
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import runpy
+import site
 import sys
+import sysconfig
 import time
 import traceback
 
@@ -33,9 +37,10 @@ _active = None  # the StepObserver of the script being run, if any
 
 
 def step() -> None:
-    """Mark the end of a step (for scripts without an optimizer). A no-op outside a diagnosis."""
+    """Mark the end of a step (for scripts without an optimizer, or with several). A no-op
+    outside a diagnosis. Once a script calls it, optimizer steps no longer end steps."""
     if _active is not None:
-        _active.boundary()
+        _active.explicit_end()
 
 
 class StepObserver:
@@ -52,6 +57,58 @@ class StepObserver:
         self.captured_ms = None
         self._t = None
         self.ended, self.exit_code, self.error = None, None, None
+        self._stepping: list = []  # optimizers inside step(), outermost first
+        self._explicit, self._optimizers = False, {}
+
+    # --- what ends a step ---------------------------------------------------------------------
+
+    def optimizer_start(self, opt, *_) -> None:
+        if opt in self._stepping:  # its last step() raised before returning: forget it
+            del self._stepping[self._stepping.index(opt) :]
+        self._stepping.append(opt)
+
+    def optimizer_end(self, opt, *_) -> None:
+        """An optimizer's step() returned: a step ends there, unless it ran inside another
+        optimizer's step() (a wrapper such as ZeroRedundancyOptimizer) or the script marks its
+        steps with fusewise.step(). Several optimizers in one iteration would cut it in pieces:
+        the others' steps end nothing, and if the first one steps again before fusewise.step()
+        was called (a whole iteration without it), the run stops with the way out."""
+        if opt in self._stepping:
+            del self._stepping[self._stepping.index(opt) :]
+        if self._stepping or self._explicit:
+            return
+        self._optimizers.setdefault(id(opt), type(opt).__name__)
+        if len(self._optimizers) > 1:
+            if id(opt) == next(iter(self._optimizers)):
+                self.ended = "optimizers"
+                raise StopScript
+            return
+        self.boundary()
+
+    def explicit_end(self) -> None:
+        """fusewise.step(): from its first call on, only it ends steps; the steps counted from
+        optimizer.step() before then are forgotten and the schedule starts again."""
+        if not self._explicit:
+            self._explicit = True
+            self._restart()
+        self.boundary()
+
+    def _restart(self) -> None:
+        self._close()
+        self.ends, self.times_ms, self.peak = 0, [], None
+        self.op_ms = self.timeline = self.loader_lines = self.recorder = None
+
+    def _close(self) -> None:
+        """Close what an unfinished schedule left open."""
+        for ctx in (self.recorder, self.prof, self._loader_cm):
+            if ctx is not None and self.captured_ms is None:
+                try:
+                    ctx.__exit__(None, None, None)
+                except Exception:  # already closed
+                    pass
+        if self.prof is not None:
+            profiler.release(self.prof)
+        self.prof = self._loader_cm = None
 
     def _sync(self):
         if self.cuda:
@@ -95,46 +152,33 @@ class StepObserver:
         self.prof = None
 
     def run(self, path: str, argv: list[str]) -> None:
-        """Run the script as `python path *argv` would, in this process: sys.argv, sys.path[0]
-        (the script's folder, so its sibling modules import), `__file__` (absolute) and
-        `__name__ == "__main__"`; the working directory is left as it is. How it ended is kept
-        in `self.ended`: "stopped" (enough steps), "finished", "exit" (SystemExit, code in
-        `self.exit_code`) or "raised" (the exception in `self.error`, in step `self.ends + 1`)."""
+        """Run the script as `python path *argv` would, in this process (see _as_python_would).
+        How it ended is kept in `self.ended`: "stopped" (enough steps), "finished", "exit"
+        (SystemExit, code in `self.exit_code`), "raised" (the exception in `self.error`, in step
+        `self.ends + 1`) or "optimizers" (several optimizers end steps)."""
         global _active
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                           register_optimizer_step_pre_hook)  # fmt: skip
 
-        hook = register_optimizer_step_post_hook(lambda *_: self.boundary())
-        old_argv, old_path0, _active = sys.argv, sys.path[0] if sys.path else None, self
-        sys.argv = [path, *argv]
-        folder = os.path.dirname(os.path.realpath(path))
-        if sys.path:
-            sys.path[0] = folder
-        else:
-            sys.path.append(folder)
-        self._t = time.perf_counter()
+        hooks = [register_optimizer_step_pre_hook(self.optimizer_start),
+                 register_optimizer_step_post_hook(self.optimizer_end)]  # fmt: skip
+        _active = self
         try:
-            runpy.run_path(os.path.abspath(path), run_name="__main__")
+            with _as_python_would(path, argv):
+                self._t = time.perf_counter()
+                runpy.run_path(os.path.abspath(path), run_name="__main__")
             self.ended = "finished"
         except StopScript:
-            self.ended = "stopped"
+            self.ended = self.ended or "stopped"
         except SystemExit as e:
             self.ended, self.exit_code = "exit", e.code
         except Exception as e:  # noqa: BLE001  (the user's error, reported with its step)
             self.ended, self.error = "raised", e
         finally:
-            sys.argv, _active = old_argv, None
-            if old_path0 is not None:
-                sys.path[0] = old_path0
-            hook.remove()
-            for ctx in (self.recorder, self.prof, self._loader_cm):  # ended mid-way: close
-                if ctx is not None and self.captured_ms is None:
-                    try:
-                        ctx.__exit__(None, None, None)
-                    except Exception:  # already closed
-                        pass
-            if self.prof is not None:
-                profiler.release(self.prof)
-                self.prof = None
+            _active = None
+            for h in hooks:
+                h.remove()
+            self._close()
 
     def phase(self, step: int) -> str:
         """What the diagnosis was doing in step `step` (1-based)."""
@@ -160,11 +204,23 @@ class StepObserver:
         need = (f"the diagnosis needs {self.needed} (--warmup {self.warmup} + 2 x --steps "
                 f"{self.steps} + 1). A step ends at each optimizer.step() or fusewise.step()")  # fmt: skip
         n = self.ends
+        if self.ended == "optimizers":
+            names = ", ".join(self._optimizers.values())
+            return (f"{script}: {len(self._optimizers)} optimizers ({names}) each ended steps, "
+                    f"so each optimizer.step() would end a diagnosis step and cut an iteration "
+                    f"in pieces. Call fusewise.step() at the end of each iteration: once a "
+                    f"script calls it, only it ends steps.")  # fmt: skip
         if self.ended == "raised":
             e = self.error
-            where = _innermost_user_frame(e)
-            return (f"{script} raised {type(e).__name__} in step {n + 1} "
-                    f"({self.phase(n + 1)}){where}: {e}\n\n{_traceback(e)}")  # fmt: skip
+            when = (f"in step {n + 1} ({self.phase(n + 1)})" if n
+                    else "before its first step ended (in start-up or step 1)")  # fmt: skip
+            said = f": {e}" if str(e) else ""
+            hint = ""
+            if "Profiler is already enabled" in str(e) or "profiler is already" in str(e):
+                hint = ("\nThe script runs torch.profiler itself, which cannot nest with the "
+                        "diagnosis' own profiler: diagnose it with its profiler off.")  # fmt: skip
+            return (f"{script} raised {type(e).__name__} {when}{_innermost_user_frame(e)}"
+                    f"{said}{hint}\n\n{_traceback(e)}")  # fmt: skip
         if self.ended == "exit":
             head = f"{script} exited (sys.exit({self.exit_code!r})) after {n} step(s); {need}."
             if n == 0 and self.exit_code not in (0, None):
@@ -173,6 +229,46 @@ class StepObserver:
             return head
         return (f"{script} ended after {n} step(s); {need}; lower --steps/--warmup or run the "
                 f"script longer.")  # fmt: skip
+
+
+@contextlib.contextmanager
+def _as_python_would(path: str, argv: list[str]):
+    """What `python path *argv` sets up, for the duration of a run: sys.argv, sys.path with the
+    script's folder first (symlinks resolved, so its sibling modules import); `__file__` is
+    absolute (runpy). Put back afterwards: sys.argv, all of sys.path, the working directory (a
+    script may chdir), and the modules of the user's own code imported meanwhile, unloaded so
+    a second run (--sizes) imports them again and they read its arguments."""
+    old_argv, old_path, old_cwd = sys.argv, list(sys.path), os.getcwd()
+    old_modules = set(sys.modules)
+    sys.argv = [path, *argv]
+    folder = os.path.dirname(os.path.realpath(path))
+    sys.path[:1] = [folder]
+    try:
+        yield
+    finally:
+        sys.argv = old_argv
+        sys.path[:] = old_path
+        os.chdir(old_cwd)
+        for name in set(sys.modules) - old_modules:
+            if _is_user_module(sys.modules.get(name)):
+                del sys.modules[name]
+
+
+@functools.cache
+def _library_dirs() -> tuple[str, ...]:
+    paths = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    paths.update(site.getsitepackages() + [site.getusersitepackages()])
+    paths.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # fusewise
+    return tuple(os.path.realpath(p) + os.sep for p in paths if p)
+
+
+def _is_user_module(module) -> bool:
+    """A pure-Python module of the user's code: not the standard library, not an installed
+    package, not fusewise (extension modules cannot be imported twice)."""
+    file = getattr(module, "__file__", None)
+    if not file or not file.endswith(".py"):
+        return False
+    return not os.path.realpath(file).startswith(_library_dirs())
 
 
 _PLUMBING = (os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>")

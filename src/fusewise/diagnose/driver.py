@@ -85,6 +85,11 @@ def diagnose(step, steps: int = 5, warmup: int = 2, *, restore=(), ceilings=None
 def _restorable(restore) -> list:
     """restore= as a list of objects with state_dict() and load_state_dict() (one such object
     alone is taken as a list of one)."""
+    if restore is None:
+        return []
+    if isinstance(restore, dict):
+        raise TypeError("restore= takes a list of objects, not a dict: pass "
+                        "list(your_dict.values())")  # fmt: skip
     objs = [restore] if hasattr(restore, "state_dict") else restore
     try:
         objs = list(objs)
@@ -114,14 +119,17 @@ class _Snapshot:
             else:
                 found = (p for g in getattr(obj, "param_groups", ()) for p in g["params"])
             params.update((id(p), p) for p in found)
-        self.grads = [(p, None if p.grad is None else p.grad.detach().clone())
+        # (the gradient tensor itself too: references to it, e.g. DDP's bucket views, stay good)
+        self.grads = [(p, p.grad, None if p.grad is None else p.grad.detach().clone())
                       for p in params.values()]  # fmt: skip
         self.rng = _rng_state() if objs else None
 
     def put_back(self) -> None:
         for obj, state in self.states:
             obj.load_state_dict(state)
-        for p, grad in self.grads:
+        for p, grad, values in self.grads:
+            if grad is not None:
+                grad.detach().copy_(values)
             p.grad = grad
         if self.rng is not None:
             _set_rng_state(self.rng)

@@ -17,6 +17,13 @@ def render_text(r: dict, console) -> None:
                   f"ridge {d['ridge']:,.0f} FLOP/byte")  # fmt: skip
     console.print(f"step: {s['median_ms']:.2f} ms (median of {s['steps_measured']})"
                   + (f", peak memory {peak / 1e9:.2f} GB" if peak else ""))  # fmt: skip
+    fit = s.get("memory_scaling")
+    if fit:
+        (name, sizes), = fit["sizes"].items()
+        a, b = fit["live_peak_bytes"]
+        console.print(Text(f"peak memory scales as {name}^{fit['exponent']:.2f} ({a / 1e6:,.1f} MB "
+                           f"at {sizes[0]:g}, {b / 1e6:,.1f} MB at {sizes[1]:g}; from the op "
+                           f"graph)"))  # fmt: skip
     t = Table(title="top ops (roofline)")
     for col in ("op", "ms/step", "share", "GFLOP", "MB", "FLOP/B", "bound", "% of ceiling"):
         t.add_column(col, justify="left" if col == "op" else "right")
