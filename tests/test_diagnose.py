@@ -387,3 +387,22 @@ def test_restore_none_a_dict_and_the_gradient_tensors_kept(device):
     fusewise.diagnose(step, steps=1, warmup=0, restore=[model, opt], ceilings=H200)
     for p, (g, values) in zip(model.parameters(), grads):
         assert p.grad is g and torch.equal(g, values)
+
+
+@pytest.mark.parametrize(
+    "call, causes, not_said",
+    [(dict(dtype="float32", mask=None, is_causal=True, shape=[2, 4, 64, 64], dropout=0.0,
+           device="cuda"), [], ["float32", "is_causal=True"]),
+     (dict(dtype="float32", mask="bool [64, 64]", is_causal=True, shape=[2, 4, 64, 64],
+           dropout=0.2, device="cuda"), ["attn_mask"], ["is_causal=True", "dropout"]),
+     (dict(dtype="float64", mask=None, is_causal=False, shape=[2, 4, 64, 60], dropout=0.2,
+           device="cpu"), ["float64", "head dim 60", "dropout_p=0.2"], [])],
+    ids=["fp32-causal-gpu", "mask-gpu", "fp64-cpu-dropout"],
+)  # fmt: skip
+def test_attention_fallback_names_only_causes_that_hold(call, causes, not_said):
+    """fp32 is no cause (the GPU's memory-efficient kernel and the CPU's flash kernel take it);
+    is_causal=True is not suggested to a call that has it; dropout is a cause on the CPU only."""
+    from fusewise.diagnose.attention import _suspects
+
+    said = " ".join(c + " " + r for c, r in _suspects(call))
+    assert all(c in said for c in causes) and not any(n in said for n in not_said), said

@@ -13,18 +13,24 @@ from ..capture.opgraph import OpGraph
 from .findings import Finding
 
 
-def _suspects(call: dict) -> list[str]:
+def _suspects(call: dict) -> list[tuple[str, str]]:
+    """(likely cause, what to do) for the arguments that keep torch's fused kernels away. Only
+    causes that hold for the call's device: fp32 is no cause (the memory-efficient kernel on a
+    GPU and the CPU's flash kernel take it), dropout is one on the CPU only."""
     out = []
-    if call["dtype"] not in ("float16", "bfloat16"):
-        out.append(f"{call['dtype']} inputs (flash needs fp16/bf16)")
+    if call["dtype"] not in ("float16", "bfloat16", "float32"):
+        out.append((f"{call['dtype']} inputs", "fp16/bf16 (or fp32) inputs"))
     if call["mask"] is not None:
-        out.append(f"an explicit attn_mask ({call['mask']}; flash takes none: use is_causal=True "
-                   "for a causal mask)")  # fmt: skip
+        causal = "" if call.get("is_causal") else " (is_causal=True for a causal one)"
+        remedy = f"no attn_mask{causal}"
+        out.append((f"an explicit attn_mask ({call['mask']}; the flash kernel takes none)", remedy))
     head_dim = call["shape"][-1] if call["shape"] else 0
     if head_dim % 8 or head_dim > 256:
-        out.append(f"head dim {head_dim} (fused kernels want a multiple of 8, at most 256)")
-    if call["dropout"]:
-        out.append(f"dropout_p={call['dropout']}")
+        out.append((f"head dim {head_dim} (fused kernels want a multiple of 8, at most 256)",
+                    "a head dim that is a multiple of 8"))  # fmt: skip
+    if call["dropout"] and call.get("device") == "cpu":
+        out.append((f"dropout_p={call['dropout']} (the CPU's fused kernel takes none)",
+                    "dropout_p=0 on the CPU"))  # fmt: skip
     return out
 
 
@@ -44,15 +50,18 @@ def find_attention_fallback(graph: OpGraph, ceil) -> list[Finding]:
         minimum = 4 * n * _itemsize(calls[0]["dtype"]) * len(calls)
         avoidable = max(0.0, written - minimum)
         suspects = _suspects(calls[0])
+        remedies = "".join(f"{r}, " for _, r in suspects)
         findings.append(Finding(
             kind="attention-fallback", where=where,
             est_saving_ms=avoidable / (ceil.bandwidth_GBps * 1e6), bytes_avoidable=avoidable,
             title=f"scaled_dot_product_attention ran torch's math path ({len(calls)} call(s) per "
                   f"step): scores and probabilities written out"
-                  + (f"; likely because of {', '.join(suspects)}" if suspects else ""),
-            fix="make a fused backend possible (bf16/fp16, is_causal=True instead of a mask, head "
-                "dim a multiple of 8); run once under torch.nn.attention.sdpa_kernel("
-                "SDPBackend.FLASH_ATTENTION) to have torch say why it refuses",
+                  + (f"; likely because of {', '.join(c for c, _ in suspects)}" if suspects
+                     else ""),
+            fix=f"make a fused backend possible ({remedies}or a call inside "
+                "torch.nn.attention.sdpa_kernel that forces the math backend); run once under "
+                "sdpa_kernel(SDPBackend.FLASH_ATTENTION) or EFFICIENT_ATTENTION to have torch "
+                "say why it refuses",
             evidence=dict(calls_per_step=len(calls), shape=calls[0]["shape"],
                           dtype=calls[0]["dtype"], mask=calls[0]["mask"],
                           bytes_as_written=written, fused_minimum_bytes=minimum,
