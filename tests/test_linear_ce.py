@@ -9,11 +9,11 @@ import torch
 
 import fusewise
 from fusewise.ops import reference
+from lce_cases import check, rel
 
 # the module (fusewise.ops.linear_cross_entropy the attribute is the function of that name)
 lce = importlib.import_module("fusewise.ops.linear_cross_entropy")
 
-SLACK = {torch.float32: 1e-6, torch.bfloat16: 5e-4}
 OPTIONS = {
     "plain": {},
     "sum": {"reduction": "sum"},
@@ -40,34 +40,6 @@ def inputs(n, v, d, dtype, device, ignore="some", bias=True, lead=None):
     elif ignore == "all":
         t.fill_(-100)
     return h, w, t, b
-
-
-def rel(a, b):
-    a, b = a.detach().double().cpu(), b.detach().double().cpu()
-    assert torch.isfinite(a).all()
-    d = b.norm().item()
-    return (a - b).norm().item() / d if d > 0 else (a - b).norm().item()
-
-
-def run(fn, h, w, t, b, g, **kw):
-    leaves = [x for x in (h, w, b) if x is not None]
-    out = fn(h, w, t, b, **kw)
-    return out, torch.autograd.grad(out, leaves, g)
-
-
-def check(h, w, t, b, dtype, **kw):
-    out = fusewise.ops.linear_cross_entropy(h, w, t, b, **kw)
-    g = torch.randn_like(out)
-    out, grads = run(fusewise.ops.linear_cross_entropy, h, w, t, b, g, **kw)
-    kw = {k: v for k, v in kw.items() if k not in ("fp32_accumulate", "chunk_size")}
-    dbl = [x.detach().double().requires_grad_() if x is not None else None for x in (h, w, b)]
-    ref, ref_g = run(reference.linear_cross_entropy, dbl[0], dbl[1], t, dbl[2], g.double(), **kw)
-    eag_in = [x.detach().clone().requires_grad_() if x is not None else None for x in (h, w, b)]
-    eag, eag_g = run(reference.linear_cross_entropy, eag_in[0], eag_in[1], t, eag_in[2], g, **kw)
-    assert out.dtype == torch.float32 and out.shape == ref.shape
-    assert rel(out, ref) <= rel(eag, ref) + SLACK[dtype]
-    for a, r, e in zip(grads, ref_g, eag_g):
-        assert rel(a, r) <= rel(e, r) + SLACK[dtype], (rel(a, r), rel(e, r))
 
 
 @pytest.mark.parametrize("dname", ["fp32", "bf16"])
@@ -174,18 +146,7 @@ def test_default_accumulates_the_weight_gradient_in_its_dtype(opt, device):
     h, w, t, b = inputs(45, 503, 32, torch.bfloat16, device)
     k = len(lce._chunks(45, 503, 2))
     assert k >= 4
-    kw = OPTIONS[opt]
-    g = torch.randn_like(fusewise.ops.linear_cross_entropy(h, w, t, b, **kw))
-    out, grads = run(fusewise.ops.linear_cross_entropy, h, w, t, b, g, **kw)
-    dbl = [x.detach().double().requires_grad_() for x in (h, w, b)]
-    ref, ref_g = run(reference.linear_cross_entropy, *dbl[:2], t, dbl[2], g.double(), **kw)
-    eag_in = [x.detach().clone().requires_grad_() for x in (h, w, b)]
-    eag, eag_g = run(reference.linear_cross_entropy, *eag_in[:2], t, eag_in[2], g, **kw)
-    assert grads[1].dtype == torch.bfloat16
-    assert rel(out, ref) <= rel(eag, ref) + SLACK[torch.bfloat16]
-    assert rel(grads[0], ref_g[0]) <= rel(eag_g[0], ref_g[0]) + SLACK[torch.bfloat16]
-    assert rel(grads[1], ref_g[1]) <= (k + 1) ** 0.5 * rel(eag_g[1], ref_g[1])
-    assert rel(grads[2], ref_g[2]) <= rel(eag_g[2], ref_g[2]) + SLACK[torch.bfloat16]
+    check(h, w, t, b, torch.bfloat16, dw_rounds=k, **OPTIONS[opt])
 
 
 def test_chunk_size_is_honoured_and_checked(device, monkeypatch):
