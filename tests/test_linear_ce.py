@@ -9,6 +9,7 @@ import torch
 
 import fusewise
 from fusewise.ops import reference
+from layouts import relayout
 from lce_cases import check, rel
 
 # the module (fusewise.ops.linear_cross_entropy the attribute is the function of that name)
@@ -168,14 +169,16 @@ def test_float64_takes_the_reference_path_and_says_so(device):
     assert fusewise.ops.paths()["linear_cross_entropy"] == "reference"
 
 
-def test_row_kernel_matches_its_torch_twin_and_poisons_a_bad_target(device):
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "offset"])
+def test_row_kernel_matches_its_torch_twin_and_poisons_a_bad_target(layout, device):
     """The chunk pass alone, Triton against torch: statistics, in-place gradient with a
-    per-token scale, ignored rows zero, and a target outside [0, V) -> NaN loss (no raise)."""
+    per-token scale, ignored rows zero, and a target outside [0, V) -> NaN loss (no raise);
+    target and scale in any layout (a strided target read as contiguous meets poison)."""
     from fusewise.ops import _linear_ce_rows as R
 
     z0 = 3 * torch.randn(7, 300, device=device).bfloat16()
-    tgt = torch.tensor([0, 299, -100, 5, 300, -1, 17], device=device)
-    scale = torch.rand(7, device=device) + 0.5
+    tgt = relayout(torch.tensor([0, 299, -100, 5, 300, -1, 17], device=device), layout)
+    scale = relayout(torch.rand(7, device=device) + 0.5, layout)
     opts = (-100, 0.1, 1e-2, 2.5)
     out = {}
     for name, fn in (("triton", R.ce_rows_triton), ("torch", R.ce_rows_torch)):

@@ -188,7 +188,7 @@ class _LinearCE(torch.autograd.Function):
         else:
             hidden, weight, target, bias = ctx.saved_tensors
             opts, need, cfg = ctx.args
-            scale = grad_out.float().contiguous()
+            scale = grad_out.float()  # any strides (stride 0 from .sum()): the kernel reads them
             grads = _run(hidden, weight, target, bias, opts, scale, need, cfg, ctx.path,
                          final=True)[2:]  # fmt: skip
         return grads[0], grads[1], None, grads[2], None, None, None, None
@@ -249,8 +249,7 @@ def _setup_none(ctx, inputs, output):
 
 def _backward_none(ctx, grad_tok, _grad_lse):
     hidden, weight, target, bias = ctx.saved_tensors
-    dh, dw, db = linear_ce_bwd(grad_tok.float().contiguous(), hidden, weight, target, bias,
-                               *ctx.opts)  # fmt: skip
+    dh, dw, db = linear_ce_bwd(grad_tok.float(), hidden, weight, target, bias, *ctx.opts)
     return dh, dw, None, (db if bias is not None else None), *([None] * 6)
 
 
