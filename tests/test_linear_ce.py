@@ -106,8 +106,12 @@ def test_module_and_compile_fullgraph(device):
     )
 
 
-def test_opcheck(device):
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_opcheck(layout, device):
+    """Also with hidden and weight as .T views, which the ops take without a copy: the fake
+    outputs must have the real ones' strides (torch.compile plans the graph on the fakes)."""
     h, w, t, b = inputs(12, 40, 8, torch.float32, device)
+    h, w = (relayout(x, layout).requires_grad_() for x in (h, w))
     ops = torch.ops.fusewise
     torch.library.opcheck(ops.linear_ce_fwd.default, (h, w, t, b, -100, 0.1, 1e-3, 3.0, False, 0))
     args = (torch.rand(12, device=device), h.detach(), w.detach(), t, b.detach(), -100, 0.0, 0.0,

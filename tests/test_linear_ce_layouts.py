@@ -145,3 +145,32 @@ def test_any_layout_matches_float64(c, device, monkeypatch):
               fp32_accumulate=c["fp32_acc"])  # fmt: skip
     check(h, w, t, b, DTYPES[c["dtype"]], g=g, **kw)
     assert fusewise.ops.paths()["linear_cross_entropy"] in ("triton", "triton-interpreter")
+
+
+@pytest.mark.parametrize("kind", [*KINDS, "tstrided"])
+def test_gemm_operands_are_copied_only_when_the_gemm_needs_it(kind, device):
+    """Padded rows, h[:, ::2] and .T views go to the GEMMs as they are; only a layout without a
+    unit stride (every other element of a row) is copied, once."""
+    from fusewise.ops.linear_cross_entropy import _gemm_ready
+
+    x = torch.randn(3, 4, 8, device=device)
+    view = _hidden(x, kind) if kind == "tstrided" else relayout(x[0], kind)
+    rows = view.reshape(-1, 8)
+    ready = _gemm_ready(rows)
+    assert torch.equal(ready, rows)
+    assert (ready.data_ptr() == rows.data_ptr()) == (kind != "strided")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_compiled_takes_transposed_operands(reduction, device):
+    """hidden and weight as .T views reach the custom ops uncopied; compiled and eager agree."""
+    h, w = (relayout(torch.randn(*s, device=device), "transposed") for s in ((13, 8), (40, 8)))
+    h, w = h.requires_grad_(), w.requires_grad_()
+    t = torch.randint(0, 40, (13,), device=device)
+    fn = lambda h, w: fusewise.ops.linear_cross_entropy(h, w, t, reduction=reduction)  # noqa: E731
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    outs = [f(h, w) for f in (fn, torch.compile(fn, fullgraph=True, backend=backend))]
+    grads = [torch.autograd.grad(o.sum(), [h, w]) for o in outs]
+    torch.testing.assert_close(outs[1], outs[0])
+    for a, e in zip(grads[1], grads[0]):
+        torch.testing.assert_close(a, e)

@@ -236,8 +236,9 @@ def linear_ce_bwd(grad_tok: Tensor, hidden: Tensor, weight: Tensor, target: Tens
 @linear_ce_bwd.register_fake
 def _(grad_tok, hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap,
       fp32_accumulate, chunk_size):  # fmt: skip
-    db = torch.empty_like(bias) if bias is not None else hidden.new_empty(0)
-    return torch.empty_like(hidden), torch.empty_like(weight), db
+    # contiguous, as _run allocates them (empty_like would copy a .T input's strides)
+    db = bias.new_empty(bias.shape) if bias is not None else hidden.new_empty(0)
+    return hidden.new_empty(hidden.shape), weight.new_empty(weight.shape), db
 
 
 def _setup_none(ctx, inputs, output):
@@ -328,10 +329,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: T
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
     lead = target.shape
-    h2, t1 = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
-    if h2.stride(-1) != 1 or h2.stride(0) != h2.shape[1]:
-        h2 = h2.contiguous()
-    weight = weight if weight.stride(-1) == 1 else weight.contiguous()
+    h2, t1 = _gemm_ready(hidden.reshape(-1, hidden.shape[-1])), target.reshape(-1)
+    weight = _gemm_ready(weight)
     opts = (int(ignore_index), float(label_smoothing), float(z_loss),
             None if softcap is None else float(softcap))  # fmt: skip
     cfg = (bool(fp32_accumulate), int(chunk_size or 0))
@@ -348,6 +347,16 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: T
         path = _dispatch.choose_path("linear_cross_entropy", h2, weight)
         out = _LinearCE.apply(h2, weight, t1, bias, reduction, opts, cfg, path)
     return out.view(lead) if reduction == "none" else out
+
+
+def _gemm_ready(x: Tensor) -> Tensor:
+    """x [rows, cols] itself when the GEMMs take it as it is (unit stride along one dim, the
+    other stride covering that dim: padded rows, h[:, ::2] of a [B, T, d], a .T view), and a
+    row chunk of it too; else a contiguous copy, made once rather than by every chunk's GEMM."""
+    r, c = x.shape
+    rows_ok = x.stride(1) == 1 and x.stride(0) >= max(1, c)
+    columns_ok = x.stride(0) == 1 and x.stride(1) >= max(1, r)
+    return x if rows_ok or columns_ok else x.contiguous()
 
 
 def _check(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, z_loss,
