@@ -4,6 +4,7 @@ dtype plus a small slack; chunking forced small so every case crosses chunk boun
 
 import importlib
 
+import numpy as np
 import pytest
 import torch
 
@@ -164,6 +165,13 @@ def test_chunk_size_is_honoured_and_checked(device, monkeypatch):
     assert seen == [16, 16, 8]
     with pytest.raises(ValueError, match="chunk_size must be a positive int"):
         fusewise.ops.linear_cross_entropy(h, w, t, b, chunk_size=0)
+    # any integral type (operator.index): numpy and torch integers too
+    for size in (np.int64(16), torch.tensor(16)):
+        seen.clear()
+        torch.testing.assert_close(
+            fusewise.ops.linear_cross_entropy(h, w, t, b, chunk_size=size), ref
+        )
+        assert seen == [16, 16, 8]
 
 
 def test_float64_takes_the_reference_path_and_says_so(device):
@@ -243,3 +251,70 @@ def test_cuda_graph_capture_replays_loss_and_gradients(reduction):
         t[::3] = -100
 
     replay_matches_eager(step, new_data)
+
+
+# --- issue #9: found by adversarial testing -------------------------------------------------------
+
+
+NAN, INF = float("nan"), float("inf")
+BAD_OPTIONS = [
+    ("z_loss", NAN), ("z_loss", INF), ("z_loss", -1e-3), ("z_loss", True), ("z_loss", "0.1"),
+    ("softcap", NAN), ("softcap", INF), ("softcap", 0.0), ("softcap", -3.0), ("softcap", True),
+    ("label_smoothing", NAN), ("label_smoothing", INF), ("label_smoothing", 1.5),
+    ("label_smoothing", -0.1), ("label_smoothing", "0.1"),
+    ("chunk_size", True), ("chunk_size", 2.0), ("chunk_size", "2"), ("chunk_size", -1),
+    ("ignore_index", True), ("ignore_index", -100.0), ("ignore_index", "x"),
+    ("ignore_index", None), ("fp32_accumulate", "no"), ("fp32_accumulate", 1),
+    ("reduction", "avg"), ("reduction", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,value", BAD_OPTIONS, ids=[f"{n}={v!r}" for n, v in BAD_OPTIONS])
+def test_bad_option_is_named(name, value, device):
+    h, w, t, b = inputs(6, 20, 8, torch.float32, device)
+    with pytest.raises((ValueError, TypeError), match=rf"^{name} must"):
+        fusewise.ops.linear_cross_entropy(h, w, t, b, **{name: value})
+
+
+def test_ignore_index_from_numpy_or_torch(device):
+    h, w, t, b = inputs(10, 20, 8, torch.float32, device)
+    ref = fusewise.ops.linear_cross_entropy(h, w, t, b)
+    for ii in (np.int64(-100), np.int32(-100), torch.tensor(-100)):
+        assert torch.equal(fusewise.ops.linear_cross_entropy(h, w, t, b, ignore_index=ii), ref)
+
+
+def test_bad_tensor_argument_is_named(device):
+    h, w, t, b = inputs(6, 20, 8, torch.float32, device)
+    f = fusewise.ops.linear_cross_entropy
+    cases = [
+        ((torch.tensor(1.0, device=device), w, t[0], b), r"^hidden must be \[N, d\] or \[B, T, d\]"),
+        ((h.detach().cpu().numpy(), w, t, b), "^hidden must be a torch.Tensor"),
+        ((h, w.detach().cpu().numpy(), t, b), "^weight must be a torch.Tensor"),
+        ((h, w, t.tolist(), b), "^target must be a torch.Tensor"),
+        ((h, w, t, b.detach().cpu().numpy()), "^bias must be a torch.Tensor"),
+        ((h, w, t[0], b), r"^target must .*shape hidden.shape\[:-1\] = \(6,\)"),
+        ((h, w[:0], torch.full_like(t, -100), b[:0]), "^weight must have at least one row"),
+        ((h, w.detach().to("meta"), t, b), "^weight is on meta.*move"),
+        ((h.half(), w, t, b), "^hidden and weight must share a dtype.*to\\(weight.dtype\\)"),
+    ]  # fmt: skip
+    for args, pattern in cases:
+        with pytest.raises((TypeError, ValueError), match=pattern):
+            f(*args)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_unbatched_empty_and_zero_width(reduction, device):
+    """One token as F.cross_entropy's unbatched form (hidden [d], a 0-d target); batches with no
+    tokens ([0, d], [2, 0, d]): zero loss and zero gradients; d = 0: the logits are the bias."""
+    h, w, t, b = inputs(1, 20, 8, torch.float32, device, ignore="none")
+    check(h[0].detach().requires_grad_(), w, t[0], b, torch.float32, reduction=reduction)
+    for lead in ((0,), (2, 0)):
+        he = torch.randn(*lead, 8, device=device, requires_grad=True)
+        te = torch.zeros(lead, dtype=torch.int64, device=device)
+        out = fusewise.ops.linear_cross_entropy(he, w, te, b, reduction=reduction)
+        assert out.shape == (lead if reduction == "none" else ()) and not out.any()
+        grads = torch.autograd.grad(out.sum(), [he, w, b])
+        assert all(g.shape == x.shape and not g.any() for g, x in zip(grads, [he, w, b]))
+    h0 = torch.randn(5, 0, device=device, requires_grad=True)
+    w0 = torch.randn(20, 0, device=device, requires_grad=True)
+    check(h0, w0, t.new_tensor([1, 2, 3, 4, 5]), b, torch.float32, reduction=reduction)

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from . import _dispatch
+from ._linear_ce_args import check_args, check_targets
 from ._linear_ce_rows import ce_rows_torch, ce_rows_triton, scale_into
 
 # Tokens per chunk: as many as fit CHUNK_BYTES of logits in the input dtype (2048 at V=128256
@@ -46,7 +47,6 @@ from ._linear_ce_rows import ce_rows_torch, ce_rows_triton, scale_into
 # 1.58 GB peak extra, 2048 tokens 81.8 ms / 1.84 GB, 4096 tokens 81.6 ms / 2.37 GB
 # (benchmarks/results/h200_linear_ce.csv).
 CHUNK_BYTES = 512 << 20
-_REDUCTIONS = ("mean", "sum", "none")
 _fp32_out_gemm = True  # torch.ops.aten.{mm,addmm}.dtype_out on CUDA; cleared if it fails
 
 
@@ -325,15 +325,17 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: T
     (default: 512 MiB of logits, 2048 tokens at V=128256 in bf16); larger is faster and takes
     more memory.
     """
-    _check(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, z_loss, softcap)
-    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    opts, cfg = check_args(hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
+                           z_loss, softcap, fp32_accumulate, chunk_size)  # fmt: skip
+    ignore_index = opts[0]
+    # On a GPU an out-of-range target makes the loss NaN (checking here would sync); under
+    # torch.compile the check would break the graph.
+    if target.device.type == "cpu" and not torch.compiler.is_compiling():
+        check_targets(target, ignore_index, weight.shape[0])
     lead = target.shape
-    h2, t1 = _gemm_ready(hidden.reshape(-1, hidden.shape[-1])), target.reshape(-1)
-    weight = _gemm_ready(weight)
-    opts = (int(ignore_index), float(label_smoothing), float(z_loss),
-            None if softcap is None else float(softcap))  # fmt: skip
-    cfg = (bool(fp32_accumulate), int(chunk_size or 0))
+    # target.numel() rows, not -1: a d = 0 hidden has no elements to infer them from
+    h2 = _gemm_ready(hidden.reshape(target.numel(), hidden.shape[-1]))
+    t1, weight = target.reshape(-1), _gemm_ready(weight)
     if torch.compiler.is_compiling():
         wants_grad = torch.is_grad_enabled() and any(
             x is not None and x.requires_grad for x in (h2, weight, bias)
@@ -357,37 +359,3 @@ def _gemm_ready(x: Tensor) -> Tensor:
     rows_ok = x.stride(1) == 1 and x.stride(0) >= max(1, c)
     columns_ok = x.stride(0) == 1 and x.stride(1) >= max(1, r)
     return x if rows_ok or columns_ok else x.contiguous()
-
-
-def _check(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, z_loss,
-           softcap):  # fmt: skip
-    for name, t in (("hidden", hidden), ("weight", weight)):
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
-    if weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
-        raise ValueError(f"weight must be [V, d] with d = hidden.shape[-1] = {hidden.shape[-1]}, "
-                         f"got {tuple(weight.shape)}")  # fmt: skip
-    if hidden.dtype != weight.dtype:
-        raise TypeError(f"hidden and weight must share a dtype, got {hidden.dtype} and "
-                        f"{weight.dtype}")  # fmt: skip
-    if target.dtype not in (torch.int64, torch.int32) or target.shape != hidden.shape[:-1]:
-        raise ValueError(f"target must be an integer tensor of shape {tuple(hidden.shape[:-1])}, "
-                         f"got {target.dtype} {tuple(target.shape)}")  # fmt: skip
-    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != weight.dtype):
-        raise ValueError(f"bias must be [{weight.shape[0]}] in {weight.dtype}, got "
-                         f"{bias.dtype} {tuple(bias.shape)}")  # fmt: skip
-    for name, t in (("weight", weight), ("target", target), ("bias", bias)):
-        if t is not None and t.device != hidden.device:
-            raise ValueError(f"{name} is on {t.device} but hidden is on {hidden.device}")
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-    if not 0.0 <= label_smoothing <= 1.0 or z_loss < 0 or (softcap is not None and softcap <= 0):
-        raise ValueError("need 0 <= label_smoothing <= 1, z_loss >= 0 and softcap > 0 (or None)")
-    # On a GPU an out-of-range target is a device-side assert in the gather (checking here would
-    # sync); under torch.compile the check would break the graph, and gather raises instead.
-    if target.device.type == "cpu" and not torch.compiler.is_compiling():
-        bad = (target != ignore_index) & ((target < 0) | (target >= weight.shape[0]))
-        if bad.any():
-            i = int(bad.nonzero()[0, 0]) if bad.dim() == 1 else bad.nonzero()[0].tolist()
-            raise ValueError(f"target[{i}] = {int(target[bad][0])} is outside [0, "
-                             f"{weight.shape[0]}) and is not ignore_index ({ignore_index})")  # fmt: skip
