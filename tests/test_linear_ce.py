@@ -256,6 +256,34 @@ def test_cuda_graph_capture_replays_loss_and_gradients(reduction):
 # --- issue #9: found by adversarial testing -------------------------------------------------------
 
 
+def _compiled(device, **kw):
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    fn = lambda h, w, t, b: fusewise.ops.linear_cross_entropy(h, w, t, b, **kw)  # noqa: E731
+    return torch.compile(fn, fullgraph=True, backend=backend)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])  # the fused op and the forward-only op
+def test_bad_target_compiled_agrees_with_eager(reduction, device):
+    """A non-ignored target outside [0, V): on the CPU eager and torch.compile(fullgraph=True)
+    raise the same ValueError (the custom op's implementation checks; it runs eagerly there); on
+    a GPU both give a NaN loss (raising would need a host sync)."""
+    h, w, t, b = inputs(0, 20, 8, torch.float32, device, lead=(2, 3))
+    t[1, 1] = 20
+    calls = [lambda: fusewise.ops.linear_cross_entropy(h, w, t, b, reduction=reduction),
+             lambda: _compiled(device, reduction=reduction)(h, w, t, b)]  # fmt: skip
+    if device.type == "cpu":
+        messages = []
+        for call in calls:
+            with pytest.raises(ValueError, match=r"target\[1, 1\] = 20 is outside \[0, 20\)") as e:
+                call()
+            messages.append(str(e.value))
+        assert messages[0] == messages[1]
+    else:
+        for call in calls:
+            out = call()
+            assert torch.isnan(out[1, 1] if reduction == "none" else out)
+
+
 NAN, INF = float("nan"), float("inf")
 BAD_OPTIONS = [
     ("z_loss", NAN), ("z_loss", INF), ("z_loss", -1e-3), ("z_loss", True), ("z_loss", "0.1"),

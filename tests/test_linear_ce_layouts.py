@@ -162,11 +162,18 @@ def test_gemm_operands_are_copied_only_when_the_gemm_needs_it(kind, device):
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_compiled_takes_transposed_operands(reduction, device):
-    """hidden and weight as .T views reach the custom ops uncopied; compiled and eager agree."""
-    h, w = (relayout(torch.randn(*s, device=device), "transposed") for s in ((13, 8), (40, 8)))
-    h, w = h.requires_grad_(), w.requires_grad_()
-    t = torch.randint(0, 40, (13,), device=device)
+@pytest.mark.parametrize("kind", ["2d-transposed", "3d-tstrided"])
+def test_compiled_matches_eager_on_views(kind, reduction, device):
+    """torch.compile(fullgraph=True) on views: hidden as a .T view (taken uncopied by the
+    custom ops) or h[:, ::2] of a [B, T, d] with a transposed [B, T] target; weight a .T view."""
+    if kind == "2d-transposed":
+        h = relayout(torch.randn(13, 8, device=device), "transposed")
+        t = torch.randint(0, 40, (13,), device=device)
+    else:
+        h = _hidden(torch.randn(3, 4, 8, device=device), "tstrided")
+        t = relayout(torch.randint(0, 40, (3, 4), device=device), "transposed")
+    h = h.requires_grad_()
+    w = relayout(torch.randn(40, 8, device=device), "transposed").requires_grad_()
     fn = lambda h, w: fusewise.ops.linear_cross_entropy(h, w, t, reduction=reduction)  # noqa: E731
     backend = "inductor" if device.type == "cuda" else "aot_eager"
     outs = [f(h, w) for f in (fn, torch.compile(fn, fullgraph=True, backend=backend))]

@@ -205,10 +205,12 @@ def _path_of(t: Tensor) -> str:
 def linear_ce_fwd(hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None,
                   ignore_index: int, label_smoothing: float, z_loss: float, softcap: float | None,
                   fp32_accumulate: bool, chunk_size: int) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """Per-token loss and lse, no gradients (reduction="none", or no grad wanted); the last two
-    arguments are for the backward."""
+    """Per-token loss and lse [N], no gradients (reduction="none", or no grad wanted); target has
+    hidden's leading shape (N elements, for the error message); the last two arguments are for
+    the backward."""
+    _check_cpu_targets(target, ignore_index, weight.shape[0])
     opts = (ignore_index, label_smoothing, z_loss, softcap)
-    loss, lse, *_ = _run(hidden, weight, target, bias, opts, None, (False,) * 3,
+    loss, lse, *_ = _run(hidden, weight, target.reshape(-1), bias, opts, None, (False,) * 3,
                          (fp32_accumulate, chunk_size), _path_of(hidden), final=True)  # fmt: skip
     return loss, lse
 
@@ -228,7 +230,7 @@ def linear_ce_bwd(grad_tok: Tensor, hidden: Tensor, weight: Tensor, target: Tens
     """reduction="none"'s backward: recompute each chunk's logits, gradients scaled per token."""
     opts = (ignore_index, label_smoothing, z_loss, softcap)
     need = (True, True, bias is not None)
-    _, _, dh, dw, db = _run(hidden, weight, target, bias, opts, grad_tok, need,
+    _, _, dh, dw, db = _run(hidden, weight, target.reshape(-1), bias, opts, grad_tok, need,
                             (fp32_accumulate, chunk_size), _path_of(hidden), final=True)  # fmt: skip
     return dh, dw, db if db is not None else hidden.new_empty(0)
 
@@ -239,6 +241,13 @@ def _(grad_tok, hidden, weight, target, bias, ignore_index, label_smoothing, z_l
     # contiguous, as _run allocates them (empty_like would copy a .T input's strides)
     db = bias.new_empty(bias.shape) if bias is not None else hidden.new_empty(0)
     return hidden.new_empty(hidden.shape), weight.new_empty(weight.shape), db
+
+
+def _check_cpu_targets(target, ignore_index, v):
+    # Under torch.compile the ops' implementations run eagerly, so on the CPU they can check the
+    # targets as the eager call does (same error, no graph break); on a GPU the loss is NaN.
+    if target.device.type == "cpu":
+        check_targets(target, ignore_index, v)
 
 
 def _setup_none(ctx, inputs, output):
@@ -265,10 +274,11 @@ def linear_ce_fused(hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor
                     chunk_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """Reduced loss ("mean" or "sum") and its gradients for grad_output = 1, in one pass, held
     as _run(final=False) leaves them (the backward scales and rounds them)."""
+    _check_cpu_targets(target, ignore_index, weight.shape[0])
     opts = (ignore_index, label_smoothing, z_loss, softcap)
     reduction = "mean" if mean else "sum"
     need = (True, True, bias is not None)
-    loss, _, dh, dw, db = _run(hidden, weight, target, bias, opts,
+    loss, _, dh, dw, db = _run(hidden, weight, target.reshape(-1), bias, opts,
                                _token_scale(target, ignore_index, reduction), need,
                                (fp32_accumulate, chunk_size), _path_of(hidden), final=False)  # fmt: skip
     return (
@@ -317,8 +327,9 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: T
     ignore_index); bias [V]. Returns a scalar ("mean", "sum") or [N] / [B, T] ("none"), fp32.
     With every token ignored, "mean" gives 0 and zero gradients (torch gives nan). On a GPU a
     non-ignored target outside [0, V) makes the loss NaN (raising would need a host sync); on the
-    CPU it raises. For "mean"/"sum" the gradients are computed in the forward (when any input
-    requires grad) and one backward per call is supported.
+    CPU it raises a ValueError naming it, eagerly and under torch.compile alike. For "mean"/"sum"
+    the gradients are computed in the forward (when any input requires grad) and one backward
+    per call is supported.
 
     fp32_accumulate: sum the weight gradient over chunks in fp32 (as accurate as eager; 4 bytes
     per weight element more); default: in the weight's dtype. chunk_size: tokens per chunk
@@ -328,10 +339,10 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: T
     opts, cfg = check_args(hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
                            z_loss, softcap, fp32_accumulate, chunk_size)  # fmt: skip
     ignore_index = opts[0]
-    # On a GPU an out-of-range target makes the loss NaN (checking here would sync); under
-    # torch.compile the check would break the graph.
-    if target.device.type == "cpu" and not torch.compiler.is_compiling():
-        check_targets(target, ignore_index, weight.shape[0])
+    # On a GPU an out-of-range target makes the loss NaN (checking would sync); under
+    # torch.compile the custom ops check on the CPU (here it would break the graph).
+    if not torch.compiler.is_compiling():
+        _check_cpu_targets(target, ignore_index, weight.shape[0])
     lead = target.shape
     # target.numel() rows, not -1: a d = 0 hidden has no elements to infer them from
     h2 = _gemm_ready(hidden.reshape(target.numel(), hidden.shape[-1]))
@@ -341,9 +352,9 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: T
             x is not None and x.requires_grad for x in (h2, weight, bias)
         )
         if wants_grad and reduction != "none":
-            return linear_ce_fused(h2, weight, t1, bias, opts[0], reduction == "mean", *opts[1:],
-                                   *cfg)[0]  # fmt: skip
-        loss_tok, _ = linear_ce_fwd(h2, weight, t1, bias, *opts, *cfg)
+            return linear_ce_fused(h2, weight, target, bias, opts[0], reduction == "mean",
+                                   *opts[1:], *cfg)[0]  # fmt: skip
+        loss_tok, _ = linear_ce_fwd(h2, weight, target, bias, *opts, *cfg)
         out = _reduce(loss_tok, t1, ignore_index, reduction)
     else:
         path = _dispatch.choose_path("linear_cross_entropy", h2, weight)
