@@ -284,6 +284,76 @@ def test_bad_target_compiled_agrees_with_eager(reduction, device):
             assert torch.isnan(out[1, 1] if reduction == "none" else out)
 
 
+def _backward_twice(situation, h, w, t, b):
+    f = lambda h: fusewise.ops.linear_cross_entropy(h, w, t, b)  # noqa: E731
+    loss = f(h)
+    if situation == "retain_graph":
+        loss.backward(retain_graph=True)
+        loss.backward()
+    elif situation == "backward_twice":
+        loss.backward()
+        loss.backward()
+    elif situation == "grad_then_backward":
+        torch.autograd.grad(loss, [h])
+        loss.backward()
+    elif situation == "two_terms":
+        (2 * loss).backward()
+        (3 * loss).backward()
+    elif situation == "checkpoint_retain_graph":
+        loss = torch.utils.checkpoint.checkpoint(f, h, use_reentrant=False)
+        loss.backward(retain_graph=True)
+        loss.backward()
+
+
+SECOND_BACKWARD = {  # situation -> what the message must say happened
+    "retain_graph": "kept by the first",
+    "checkpoint_retain_graph": "kept by the first",
+    "backward_twice": "after the first one freed",
+    "grad_then_backward": "after the first one freed",
+    "two_terms": "after the first one freed",
+}
+
+
+@pytest.mark.parametrize("situation", list(SECOND_BACKWARD))
+def test_second_backward_says_what_happened_and_what_to_do(situation, device):
+    h, w, t, b = inputs(16, 64, 8, torch.float32, device)
+    with pytest.raises(RuntimeError, match="second backward") as e:
+        _backward_twice(situation, h, w, t, b)
+    message = str(e.value)
+    assert SECOND_BACKWARD[situation] in message
+    if "freed" in SECOND_BACKWARD[situation]:
+        assert "retain_graph=True would not help" in message
+    for fix in ("add the terms", "torch.autograd.grad(loss, [hidden, weight",
+                "linear_cross_entropy again for each backward", "reduction='none'"):  # fmt: skip
+        assert fix in message
+
+
+def test_what_the_second_backward_message_offers_works(device):
+    """The message's alternatives: reduction="none" allows several backwards, and two terms
+    built on one loss backward once through their sum."""
+    h, w, t, b = inputs(16, 64, 8, torch.float32, device)
+    n_valid = (t != -100).sum()
+    loss = fusewise.ops.linear_cross_entropy(h, w, t, b, reduction="none").sum() / n_valid
+    first = torch.autograd.grad(loss, [h, w, b], retain_graph=True)
+    second = torch.autograd.grad(loss, [h, w, b])
+    (ref,) = torch.autograd.grad(reference.linear_cross_entropy(h, w, t, b), [h])
+    torch.testing.assert_close(first[0], ref, rtol=1e-5, atol=1e-7)
+    assert all(torch.equal(a, c) for a, c in zip(first, second))
+    loss = fusewise.ops.linear_cross_entropy(h, w, t, b)
+    (dh,) = torch.autograd.grad(2 * loss + 3 * loss, [h])
+    torch.testing.assert_close(dh, 5 * ref, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_create_graph_raises_rather_than_drop_the_second_derivative(reduction, device):
+    """The gradients carry no graph of their own: a gradient penalty through them would
+    silently lose its term, so create_graph=True raises and says why."""
+    h, w, t, b = inputs(16, 64, 8, torch.float32, device)
+    loss = fusewise.ops.linear_cross_entropy(h, w, t, b, reduction=reduction).sum()
+    with pytest.raises(RuntimeError, match="no second derivative.*create_graph=True"):
+        torch.autograd.grad(loss, [h], create_graph=True)
+
+
 NAN, INF = float("nan"), float("inf")
 BAD_OPTIONS = [
     ("z_loss", NAN), ("z_loss", INF), ("z_loss", -1e-3), ("z_loss", True), ("z_loss", "0.1"),
@@ -315,7 +385,7 @@ def test_bad_tensor_argument_is_named(device):
     h, w, t, b = inputs(6, 20, 8, torch.float32, device)
     f = fusewise.ops.linear_cross_entropy
     cases = [
-        ((torch.tensor(1.0, device=device), w, t[0], b), r"^hidden must be \[N, d\] or \[B, T, d\]"),
+        ((h[0, 0], w, t[0], b), r"^hidden must be \[N, d\] or \[B, T, d\]"),
         ((h.detach().cpu().numpy(), w, t, b), "^hidden must be a torch.Tensor"),
         ((h, w.detach().cpu().numpy(), t, b), "^weight must be a torch.Tensor"),
         ((h, w, t.tolist(), b), "^target must be a torch.Tensor"),

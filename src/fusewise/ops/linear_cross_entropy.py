@@ -174,14 +174,12 @@ class _LinearCE(torch.autograd.Function):
         return _reduce(loss, target, opts[0], reduction)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
+        if torch.is_grad_enabled():  # create_graph=True; once_differentiable would let it pass
+            raise RuntimeError(_NO_SECOND_DERIVATIVE)
         if ctx.fused:
-            if ctx.used:  # the saved gradients may have been scaled in place already
-                raise RuntimeError("fusewise.ops.linear_cross_entropy computes its gradients in "
-                                   "the forward; a second backward through the same call "
-                                   "(retain_graph=True) is not supported: call it again for "
-                                   "another backward")  # fmt: skip
+            if ctx.used:  # the saved gradients have been scaled in place already
+                raise RuntimeError(_second_backward(ctx))
             ctx.used = True
             grads = [_scaled(x, grad_out, d, ctx.path)
                      for x, d in zip(ctx.saved_tensors, ctx.dtypes)]  # fmt: skip
@@ -192,6 +190,32 @@ class _LinearCE(torch.autograd.Function):
             grads = _run(hidden, weight, target, bias, opts, scale, need, cfg, ctx.path,
                          final=True)[2:]  # fmt: skip
         return grads[0], grads[1], None, grads[2], None, None, None, None
+
+
+_NO_SECOND_DERIVATIVE = (
+    "fusewise.ops.linear_cross_entropy has no second derivative: its gradients carry no graph, "
+    "so differentiating them (create_graph=True: a gradient penalty, a Hessian-vector product) "
+    "would silently leave out its terms. Use fusewise.ops.reference.linear_cross_entropy where "
+    "higher-order gradients are needed."
+)
+
+
+def _second_backward(ctx) -> str:
+    """What happened, told by whether the first backward kept the graph's saved tensors."""
+    try:
+        ctx.saved_tensors
+        what = ("whose graph was kept by the first (retain_graph=True), but its gradients were "
+                "computed in the forward and the first backward used them up")  # fmt: skip
+    except RuntimeError:  # freed
+        what = ("after the first one freed its graph (.backward() twice, torch.autograd.grad("
+                "loss, some inputs) then .backward(), or two results built on the loss "
+                "backwarded one by one); retain_graph=True would not help: its gradients are "
+                "computed in the forward and the first backward uses them up")  # fmt: skip
+    return (f"fusewise.ops.linear_cross_entropy: a second backward reached this call, {what}. "
+            "Backward once through everything built on the loss (add the terms first: "
+            "(a + b).backward()), ask for every gradient in one torch.autograd.grad(loss, "
+            "[hidden, weight, ...]) call, or call linear_cross_entropy again for each backward; "
+            "reduction='none' recomputes in its backward and allows several.")  # fmt: skip
 
 
 # --- custom ops: what torch.compile traces (eager calls take _LinearCE directly) -----------------
