@@ -3,7 +3,7 @@ one chunk of tokens at a time, so only a [chunk, V] block of logits ever exists.
 
 Equals (ops/reference.py: linear_cross_entropy)::
 
-    z = hidden @ weight.T + bias;  z = softcap * tanh(z / softcap) if softcap
+    z = F.linear(hidden, weight, bias);  z = softcap * tanh(z / softcap) if softcap
     loss = F.cross_entropy(z.float(), target, ignore_index=..., reduction=...,
                            label_smoothing=...) + z_loss * logsumexp(z)**2 (averaged like the loss)
 
@@ -347,18 +347,22 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: T
                          chunk_size: int | None = None) -> Tensor:  # fmt: skip
     """Cross-entropy of `hidden @ weight.T + bias` against `target` without the full logits.
 
-    hidden [N, d] or [B, T, d]; weight [V, d]; target [N] or [B, T] (int64, in [0, V) or
-    ignore_index); bias [V]. Returns a scalar ("mean", "sum") or [N] / [B, T] ("none"), fp32.
-    With every token ignored, "mean" gives 0 and zero gradients (torch gives nan). On a GPU a
-    non-ignored target outside [0, V) makes the loss NaN (raising would need a host sync); on the
-    CPU it raises a ValueError naming it, eagerly and under torch.compile alike. For "mean"/"sum"
-    the gradients are computed in the forward (when any input requires grad) and one backward
-    per call is supported.
+    hidden [N, d] or [B, T, d] ([d] with a 0-d target: one token); weight [V, d]; target [N] or
+    [B, T] (int64 or int32, in [0, V) or ignore_index); bias [V]. Returns a scalar ("mean",
+    "sum") or [N] / [B, T] ("none"), fp32. Any layout: views with a unit stride on either dim
+    (padded rows, h[:, ::2], a weight.T view) go to the GEMMs uncopied, others are copied once;
+    target, bias and grad_output are read through their strides. With every token ignored,
+    "mean" gives 0 and zero gradients (torch gives nan). On a GPU a non-ignored target outside
+    [0, V) makes the loss NaN (raising would need a host sync); on the CPU it raises a
+    ValueError naming it, eagerly and under torch.compile alike. For "mean"/"sum" the gradients
+    are computed in the forward (when any input requires grad), so one backward per call (a
+    second raises and says why); no second derivative (create_graph=True raises).
 
-    fp32_accumulate: sum the weight gradient over chunks in fp32 (as accurate as eager; 4 bytes
-    per weight element more); default: in the weight's dtype. chunk_size: tokens per chunk
-    (default: 512 MiB of logits, 2048 tokens at V=128256 in bf16); larger is faster and takes
-    more memory.
+    ignore_index and chunk_size take any integer (Python, numpy, torch); label_smoothing in
+    [0, 1], z_loss >= 0 and softcap > 0 must be finite. fp32_accumulate: sum the weight gradient
+    over chunks in fp32 (as accurate as eager; 4 bytes per weight element more); default: in the
+    weight's dtype. chunk_size: tokens per chunk (default: 512 MiB of logits, 2048 tokens at
+    V=128256 in bf16); larger is faster and takes more memory.
     """
     opts, cfg = check_args(hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
                            z_loss, softcap, fp32_accumulate, chunk_size)  # fmt: skip
