@@ -4,16 +4,18 @@ dtype plus a small slack; chunking forced small so every case crosses chunk boun
 
 import importlib
 
+import numpy as np
 import pytest
 import torch
 
 import fusewise
 from fusewise.ops import reference
+from layouts import relayout
+from lce_cases import check, rel
 
 # the module (fusewise.ops.linear_cross_entropy the attribute is the function of that name)
 lce = importlib.import_module("fusewise.ops.linear_cross_entropy")
 
-SLACK = {torch.float32: 1e-6, torch.bfloat16: 5e-4}
 OPTIONS = {
     "plain": {},
     "sum": {"reduction": "sum"},
@@ -40,34 +42,6 @@ def inputs(n, v, d, dtype, device, ignore="some", bias=True, lead=None):
     elif ignore == "all":
         t.fill_(-100)
     return h, w, t, b
-
-
-def rel(a, b):
-    a, b = a.detach().double().cpu(), b.detach().double().cpu()
-    assert torch.isfinite(a).all()
-    d = b.norm().item()
-    return (a - b).norm().item() / d if d > 0 else (a - b).norm().item()
-
-
-def run(fn, h, w, t, b, g, **kw):
-    leaves = [x for x in (h, w, b) if x is not None]
-    out = fn(h, w, t, b, **kw)
-    return out, torch.autograd.grad(out, leaves, g)
-
-
-def check(h, w, t, b, dtype, **kw):
-    out = fusewise.ops.linear_cross_entropy(h, w, t, b, **kw)
-    g = torch.randn_like(out)
-    out, grads = run(fusewise.ops.linear_cross_entropy, h, w, t, b, g, **kw)
-    kw = {k: v for k, v in kw.items() if k not in ("fp32_accumulate", "chunk_size")}
-    dbl = [x.detach().double().requires_grad_() if x is not None else None for x in (h, w, b)]
-    ref, ref_g = run(reference.linear_cross_entropy, dbl[0], dbl[1], t, dbl[2], g.double(), **kw)
-    eag_in = [x.detach().clone().requires_grad_() if x is not None else None for x in (h, w, b)]
-    eag, eag_g = run(reference.linear_cross_entropy, eag_in[0], eag_in[1], t, eag_in[2], g, **kw)
-    assert out.dtype == torch.float32 and out.shape == ref.shape
-    assert rel(out, ref) <= rel(eag, ref) + SLACK[dtype]
-    for a, r, e in zip(grads, ref_g, eag_g):
-        assert rel(a, r) <= rel(e, r) + SLACK[dtype], (rel(a, r), rel(e, r))
 
 
 @pytest.mark.parametrize("dname", ["fp32", "bf16"])
@@ -133,8 +107,12 @@ def test_module_and_compile_fullgraph(device):
     )
 
 
-def test_opcheck(device):
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_opcheck(layout, device):
+    """Also with hidden and weight as .T views, which the ops take without a copy: the fake
+    outputs must have the real ones' strides (torch.compile plans the graph on the fakes)."""
     h, w, t, b = inputs(12, 40, 8, torch.float32, device)
+    h, w = (relayout(x, layout).requires_grad_() for x in (h, w))
     ops = torch.ops.fusewise
     torch.library.opcheck(ops.linear_ce_fwd.default, (h, w, t, b, -100, 0.1, 1e-3, 3.0, False, 0))
     args = (torch.rand(12, device=device), h.detach(), w.detach(), t, b.detach(), -100, 0.0, 0.0,
@@ -174,18 +152,7 @@ def test_default_accumulates_the_weight_gradient_in_its_dtype(opt, device):
     h, w, t, b = inputs(45, 503, 32, torch.bfloat16, device)
     k = len(lce._chunks(45, 503, 2))
     assert k >= 4
-    kw = OPTIONS[opt]
-    g = torch.randn_like(fusewise.ops.linear_cross_entropy(h, w, t, b, **kw))
-    out, grads = run(fusewise.ops.linear_cross_entropy, h, w, t, b, g, **kw)
-    dbl = [x.detach().double().requires_grad_() for x in (h, w, b)]
-    ref, ref_g = run(reference.linear_cross_entropy, *dbl[:2], t, dbl[2], g.double(), **kw)
-    eag_in = [x.detach().clone().requires_grad_() for x in (h, w, b)]
-    eag, eag_g = run(reference.linear_cross_entropy, *eag_in[:2], t, eag_in[2], g, **kw)
-    assert grads[1].dtype == torch.bfloat16
-    assert rel(out, ref) <= rel(eag, ref) + SLACK[torch.bfloat16]
-    assert rel(grads[0], ref_g[0]) <= rel(eag_g[0], ref_g[0]) + SLACK[torch.bfloat16]
-    assert rel(grads[1], ref_g[1]) <= (k + 1) ** 0.5 * rel(eag_g[1], ref_g[1])
-    assert rel(grads[2], ref_g[2]) <= rel(eag_g[2], ref_g[2]) + SLACK[torch.bfloat16]
+    check(h, w, t, b, torch.bfloat16, dw_rounds=k, **OPTIONS[opt])
 
 
 def test_chunk_size_is_honoured_and_checked(device, monkeypatch):
@@ -198,6 +165,13 @@ def test_chunk_size_is_honoured_and_checked(device, monkeypatch):
     assert seen == [16, 16, 8]
     with pytest.raises(ValueError, match="chunk_size must be a positive int"):
         fusewise.ops.linear_cross_entropy(h, w, t, b, chunk_size=0)
+    # any integral type (operator.index): numpy and torch integers too
+    for size in (np.int64(16), torch.tensor(16)):
+        seen.clear()
+        torch.testing.assert_close(
+            fusewise.ops.linear_cross_entropy(h, w, t, b, chunk_size=size), ref
+        )
+        assert seen == [16, 16, 8]
 
 
 def test_float64_takes_the_reference_path_and_says_so(device):
@@ -207,14 +181,16 @@ def test_float64_takes_the_reference_path_and_says_so(device):
     assert fusewise.ops.paths()["linear_cross_entropy"] == "reference"
 
 
-def test_row_kernel_matches_its_torch_twin_and_poisons_a_bad_target(device):
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "offset"])
+def test_row_kernel_matches_its_torch_twin_and_poisons_a_bad_target(layout, device):
     """The chunk pass alone, Triton against torch: statistics, in-place gradient with a
-    per-token scale, ignored rows zero, and a target outside [0, V) -> NaN loss (no raise)."""
+    per-token scale, ignored rows zero, and a target outside [0, V) -> NaN loss (no raise);
+    target and scale in any layout (a strided target read as contiguous meets poison)."""
     from fusewise.ops import _linear_ce_rows as R
 
     z0 = 3 * torch.randn(7, 300, device=device).bfloat16()
-    tgt = torch.tensor([0, 299, -100, 5, 300, -1, 17], device=device)
-    scale = torch.rand(7, device=device) + 0.5
+    tgt = relayout(torch.tensor([0, 299, -100, 5, 300, -1, 17], device=device), layout)
+    scale = relayout(torch.rand(7, device=device) + 0.5, layout)
     opts = (-100, 0.1, 1e-2, 2.5)
     out = {}
     for name, fn in (("triton", R.ce_rows_triton), ("torch", R.ce_rows_torch)):
@@ -275,3 +251,168 @@ def test_cuda_graph_capture_replays_loss_and_gradients(reduction):
         t[::3] = -100
 
     replay_matches_eager(step, new_data)
+
+
+# --- issue #9: found by adversarial testing -------------------------------------------------------
+
+
+def _compiled(device, **kw):
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    fn = lambda h, w, t, b: fusewise.ops.linear_cross_entropy(h, w, t, b, **kw)  # noqa: E731
+    return torch.compile(fn, fullgraph=True, backend=backend)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])  # the fused op and the forward-only op
+def test_bad_target_compiled_agrees_with_eager(reduction, device):
+    """A non-ignored target outside [0, V): on the CPU eager and torch.compile(fullgraph=True)
+    raise the same ValueError (the custom op's implementation checks; it runs eagerly there); on
+    a GPU both give a NaN loss (raising would need a host sync)."""
+    h, w, t, b = inputs(0, 20, 8, torch.float32, device, lead=(2, 3))
+    t[1, 1] = 20
+    calls = [lambda: fusewise.ops.linear_cross_entropy(h, w, t, b, reduction=reduction),
+             lambda: _compiled(device, reduction=reduction)(h, w, t, b)]  # fmt: skip
+    if device.type == "cpu":
+        messages = []
+        for call in calls:
+            with pytest.raises(ValueError, match=r"target\[1, 1\] = 20 is outside \[0, 20\)") as e:
+                call()
+            messages.append(str(e.value))
+        assert messages[0] == messages[1]
+    else:
+        for call in calls:
+            out = call()
+            assert torch.isnan(out[1, 1] if reduction == "none" else out)
+
+
+def _backward_twice(situation, h, w, t, b):
+    f = lambda h: fusewise.ops.linear_cross_entropy(h, w, t, b)  # noqa: E731
+    loss = f(h)
+    if situation == "retain_graph":
+        loss.backward(retain_graph=True)
+        loss.backward()
+    elif situation == "backward_twice":
+        loss.backward()
+        loss.backward()
+    elif situation == "grad_then_backward":
+        torch.autograd.grad(loss, [h])
+        loss.backward()
+    elif situation == "two_terms":
+        (2 * loss).backward()
+        (3 * loss).backward()
+    elif situation == "checkpoint_retain_graph":
+        loss = torch.utils.checkpoint.checkpoint(f, h, use_reentrant=False)
+        loss.backward(retain_graph=True)
+        loss.backward()
+
+
+SECOND_BACKWARD = {  # situation -> what the message must say happened
+    "retain_graph": "kept by the first",
+    "checkpoint_retain_graph": "kept by the first",
+    "backward_twice": "after the first one freed",
+    "grad_then_backward": "after the first one freed",
+    "two_terms": "after the first one freed",
+}
+
+
+@pytest.mark.parametrize("situation", list(SECOND_BACKWARD))
+def test_second_backward_says_what_happened_and_what_to_do(situation, device):
+    h, w, t, b = inputs(16, 64, 8, torch.float32, device)
+    with pytest.raises(RuntimeError, match="second backward") as e:
+        _backward_twice(situation, h, w, t, b)
+    message = str(e.value)
+    assert SECOND_BACKWARD[situation] in message
+    if "freed" in SECOND_BACKWARD[situation]:
+        assert "retain_graph=True would not help" in message
+    for fix in ("add the terms", "torch.autograd.grad(loss, [hidden, weight",
+                "linear_cross_entropy again for each backward", "reduction='none'"):  # fmt: skip
+        assert fix in message
+
+
+def test_what_the_second_backward_message_offers_works(device):
+    """The message's alternatives: reduction="none" allows several backwards, and two terms
+    built on one loss backward once through their sum."""
+    h, w, t, b = inputs(16, 64, 8, torch.float32, device)
+    n_valid = (t != -100).sum()
+    loss = fusewise.ops.linear_cross_entropy(h, w, t, b, reduction="none").sum() / n_valid
+    first = torch.autograd.grad(loss, [h, w, b], retain_graph=True)
+    second = torch.autograd.grad(loss, [h, w, b])
+    (ref,) = torch.autograd.grad(reference.linear_cross_entropy(h, w, t, b), [h])
+    torch.testing.assert_close(first[0], ref, rtol=1e-5, atol=1e-7)
+    assert all(torch.equal(a, c) for a, c in zip(first, second))
+    loss = fusewise.ops.linear_cross_entropy(h, w, t, b)
+    (dh,) = torch.autograd.grad(2 * loss + 3 * loss, [h])
+    torch.testing.assert_close(dh, 5 * ref, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_create_graph_raises_rather_than_drop_the_second_derivative(reduction, device):
+    """The gradients carry no graph of their own: a gradient penalty through them would
+    silently lose its term, so create_graph=True raises and says why."""
+    h, w, t, b = inputs(16, 64, 8, torch.float32, device)
+    loss = fusewise.ops.linear_cross_entropy(h, w, t, b, reduction=reduction).sum()
+    with pytest.raises(RuntimeError, match="no second derivative.*create_graph=True"):
+        torch.autograd.grad(loss, [h], create_graph=True)
+
+
+NAN, INF = float("nan"), float("inf")
+BAD_OPTIONS = [
+    ("z_loss", NAN), ("z_loss", INF), ("z_loss", -1e-3), ("z_loss", True), ("z_loss", "0.1"),
+    ("softcap", NAN), ("softcap", INF), ("softcap", 0.0), ("softcap", -3.0), ("softcap", True),
+    ("label_smoothing", NAN), ("label_smoothing", INF), ("label_smoothing", 1.5),
+    ("label_smoothing", -0.1), ("label_smoothing", "0.1"),
+    ("chunk_size", True), ("chunk_size", 2.0), ("chunk_size", "2"), ("chunk_size", -1),
+    ("ignore_index", True), ("ignore_index", -100.0), ("ignore_index", "x"),
+    ("ignore_index", None), ("fp32_accumulate", "no"), ("fp32_accumulate", 1),
+    ("reduction", "avg"), ("reduction", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,value", BAD_OPTIONS, ids=[f"{n}={v!r}" for n, v in BAD_OPTIONS])
+def test_bad_option_is_named(name, value, device):
+    h, w, t, b = inputs(6, 20, 8, torch.float32, device)
+    with pytest.raises((ValueError, TypeError), match=rf"^{name} must"):
+        fusewise.ops.linear_cross_entropy(h, w, t, b, **{name: value})
+
+
+def test_ignore_index_from_numpy_or_torch(device):
+    h, w, t, b = inputs(10, 20, 8, torch.float32, device)
+    ref = fusewise.ops.linear_cross_entropy(h, w, t, b)
+    for ii in (np.int64(-100), np.int32(-100), torch.tensor(-100)):
+        assert torch.equal(fusewise.ops.linear_cross_entropy(h, w, t, b, ignore_index=ii), ref)
+
+
+def test_bad_tensor_argument_is_named(device):
+    h, w, t, b = inputs(6, 20, 8, torch.float32, device)
+    f = fusewise.ops.linear_cross_entropy
+    cases = [
+        ((h[0, 0], w, t[0], b), r"^hidden must be \[N, d\] or \[B, T, d\]"),
+        ((h.detach().cpu().numpy(), w, t, b), "^hidden must be a torch.Tensor"),
+        ((h, w.detach().cpu().numpy(), t, b), "^weight must be a torch.Tensor"),
+        ((h, w, t.tolist(), b), "^target must be a torch.Tensor"),
+        ((h, w, t, b.detach().cpu().numpy()), "^bias must be a torch.Tensor"),
+        ((h, w, t[0], b), r"^target must .*shape hidden.shape\[:-1\] = \(6,\)"),
+        ((h, w[:0], torch.full_like(t, -100), b[:0]), "^weight must have at least one row"),
+        ((h, w.detach().to("meta"), t, b), "^weight is on meta.*move"),
+        ((h.half(), w, t, b), "^hidden and weight must share a dtype.*to\\(weight.dtype\\)"),
+    ]  # fmt: skip
+    for args, pattern in cases:
+        with pytest.raises((TypeError, ValueError), match=pattern):
+            f(*args)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_unbatched_empty_and_zero_width(reduction, device):
+    """One token as F.cross_entropy's unbatched form (hidden [d], a 0-d target); batches with no
+    tokens ([0, d], [2, 0, d]): zero loss and zero gradients; d = 0: the logits are the bias."""
+    h, w, t, b = inputs(1, 20, 8, torch.float32, device, ignore="none")
+    check(h[0].detach().requires_grad_(), w, t[0], b, torch.float32, reduction=reduction)
+    for lead in ((0,), (2, 0)):
+        he = torch.randn(*lead, 8, device=device, requires_grad=True)
+        te = torch.zeros(lead, dtype=torch.int64, device=device)
+        out = fusewise.ops.linear_cross_entropy(he, w, te, b, reduction=reduction)
+        assert out.shape == (lead if reduction == "none" else ()) and not out.any()
+        grads = torch.autograd.grad(out.sum(), [he, w, b])
+        assert all(g.shape == x.shape and not g.any() for g, x in zip(grads, [he, w, b]))
+    h0 = torch.randn(5, 0, device=device, requires_grad=True)
+    w0 = torch.randn(20, 0, device=device, requires_grad=True)
+    check(h0, w0, t.new_tensor([1, 2, 3, 4, 5]), b, torch.float32, reduction=reduction)

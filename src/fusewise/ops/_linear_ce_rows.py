@@ -11,6 +11,8 @@ Per row (z the logits after the optional soft-cap c·tanh(z/c), s the smoothing,
 
 `scale` is d(output)/d(this token's loss): one value for every token (1 for "sum", 1/n_valid for
 "mean", read from the device so nothing syncs) or one per token (reduction="none"'s backward).
+The target and a per-token scale are read through their strides (a target t[::2], or a stride-0
+grad_output from .sum()'s backward, needs no copy); the logits need unit stride along V.
 A non-ignored target outside [0, V) cannot raise on the GPU without a sync; its loss is NaN.
 
 Two implementations with the same contract: the Triton kernel (GPU, or the interpreter) and
@@ -45,12 +47,12 @@ def _tanh(x):
 
 
 @triton.jit
-def _ce_row(z_ptr, stride_z, tgt_ptr, loss_ptr, lse_ptr, scale_ptr, row, row_ok, V, ignore_index,
-            smoothing, z_loss, softcap, HAS_SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr,
-            WRITE_GRAD: tl.constexpr, SCALE_PER_ROW: tl.constexpr,
+def _ce_row(z_ptr, stride_z, tgt_ptr, stride_t, loss_ptr, lse_ptr, scale_ptr, stride_s, row,
+            row_ok, V, ignore_index, smoothing, z_loss, softcap, HAS_SOFTCAP: tl.constexpr,
+            SMOOTH: tl.constexpr, WRITE_GRAD: tl.constexpr, SCALE_PER_ROW: tl.constexpr,
             BLOCK: tl.constexpr):  # fmt: skip
     base = z_ptr + row.to(tl.int64) * stride_z
-    tgt = tl.load(tgt_ptr + row, mask=row_ok, other=ignore_index)
+    tgt = tl.load(tgt_ptr + row.to(tl.int64) * stride_t, mask=row_ok, other=ignore_index)
     valid = tgt != ignore_index
     in_range = (tgt >= 0) & (tgt < V)
     offs = tl.arange(0, BLOCK)
@@ -85,7 +87,7 @@ def _ce_row(z_ptr, stride_z, tgt_ptr, loss_ptr, lse_ptr, scale_ptr, row, row_ok,
     tl.store(lse_ptr + row, lse, mask=row_ok)
     if WRITE_GRAD:
         if SCALE_PER_ROW:
-            scale = tl.load(scale_ptr + row, mask=row_ok, other=0.0)
+            scale = tl.load(scale_ptr + row.to(tl.int64) * stride_s, mask=row_ok, other=0.0)
         else:
             scale = tl.load(scale_ptr)
         scale = tl.where(valid, scale, 0.0)
@@ -106,17 +108,18 @@ def _ce_row(z_ptr, stride_z, tgt_ptr, loss_ptr, lse_ptr, scale_ptr, row, row_ok,
 
 
 @triton.jit
-def _ce_rows_kernel(z_ptr, stride_z, tgt_ptr, loss_ptr, lse_ptr, scale_ptr, rows, V,
-                    ignore_index, smoothing, z_loss, softcap, rows_per_program, n_programs,
-                    HAS_SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr, WRITE_GRAD: tl.constexpr,
-                    SCALE_PER_ROW: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+def _ce_rows_kernel(z_ptr, stride_z, tgt_ptr, stride_t, loss_ptr, lse_ptr, scale_ptr, stride_s,
+                    rows, V, ignore_index, smoothing, z_loss, softcap, rows_per_program,
+                    n_programs, HAS_SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr,
+                    WRITE_GRAD: tl.constexpr, SCALE_PER_ROW: tl.constexpr,
+                    BLOCK: tl.constexpr):  # fmt: skip
     """Persistent: program p takes rows p, p + P, ... (P programs in all)."""
     pid = tl.program_id(0)
     for i in range(0, rows_per_program):
         row = pid + i * n_programs
-        _ce_row(z_ptr, stride_z, tgt_ptr, loss_ptr, lse_ptr, scale_ptr, row, row < rows, V,
-                ignore_index, smoothing, z_loss, softcap, HAS_SOFTCAP, SMOOTH, WRITE_GRAD,
-                SCALE_PER_ROW, BLOCK)  # fmt: skip
+        _ce_row(z_ptr, stride_z, tgt_ptr, stride_t, loss_ptr, lse_ptr, scale_ptr, stride_s, row,
+                row < rows, V, ignore_index, smoothing, z_loss, softcap, HAS_SOFTCAP, SMOOTH,
+                WRITE_GRAD, SCALE_PER_ROW, BLOCK)  # fmt: skip
 
 
 @triton.jit
@@ -137,18 +140,22 @@ def _sm_count(device) -> int:
 
 def ce_rows_triton(z, target, loss, lse, scale, opts):
     """Launch over the rows of z [rows, V] (unit stride along V). opts = (ignore_index,
-    label_smoothing, z_loss, softcap); scale None (statistics only), [1] or [rows] fp32."""
+    label_smoothing, z_loss, softcap); scale None (statistics only), [1] or [rows] fp32;
+    target [rows] and a [rows] scale in any strides."""
     ignore_index, smoothing, z_loss, softcap = opts
     rows, v = z.shape
     if rows == 0:
         return
     block = min(BLOCK_V, triton.next_power_of_2(v))
     programs = min(rows, PROGRAMS_PER_SM * _sm_count(z.device))
+    write_grad = scale is not None
+    per_row = write_grad and scale.numel() > 1
+    scale = scale if write_grad else lse  # a placeholder: not read without WRITE_GRAD
     _ce_rows_kernel[(programs,)](
-        z, z.stride(0), target, loss, lse, scale if scale is not None else lse, rows, v,
+        z, z.stride(0), target, target.stride(0), loss, lse, scale, scale.stride(0), rows, v,
         ignore_index, smoothing, z_loss, softcap or 1.0, triton.cdiv(rows, programs), programs,
-        HAS_SOFTCAP=softcap is not None, SMOOTH=smoothing != 0.0, WRITE_GRAD=scale is not None,
-        SCALE_PER_ROW=scale is not None and scale.numel() > 1, BLOCK=block,
+        HAS_SOFTCAP=softcap is not None, SMOOTH=smoothing != 0.0, WRITE_GRAD=write_grad,
+        SCALE_PER_ROW=per_row, BLOCK=block,
         num_warps=ROW_WARPS if block >= 2048 else 4,
     )  # fmt: skip
 

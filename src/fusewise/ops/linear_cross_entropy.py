@@ -3,7 +3,7 @@ one chunk of tokens at a time, so only a [chunk, V] block of logits ever exists.
 
 Equals (ops/reference.py: linear_cross_entropy)::
 
-    z = hidden @ weight.T + bias;  z = softcap * tanh(z / softcap) if softcap
+    z = F.linear(hidden, weight, bias);  z = softcap * tanh(z / softcap) if softcap
     loss = F.cross_entropy(z.float(), target, ignore_index=..., reduction=...,
                            label_smoothing=...) + z_loss * logsumexp(z)**2 (averaged like the loss)
 
@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from . import _dispatch
+from ._linear_ce_args import check_args, check_targets
 from ._linear_ce_rows import ce_rows_torch, ce_rows_triton, scale_into
 
 # Tokens per chunk: as many as fit CHUNK_BYTES of logits in the input dtype (2048 at V=128256
@@ -46,7 +47,6 @@ from ._linear_ce_rows import ce_rows_torch, ce_rows_triton, scale_into
 # 1.58 GB peak extra, 2048 tokens 81.8 ms / 1.84 GB, 4096 tokens 81.6 ms / 2.37 GB
 # (benchmarks/results/h200_linear_ce.csv).
 CHUNK_BYTES = 512 << 20
-_REDUCTIONS = ("mean", "sum", "none")
 _fp32_out_gemm = True  # torch.ops.aten.{mm,addmm}.dtype_out on CUDA; cleared if it fails
 
 
@@ -174,24 +174,48 @@ class _LinearCE(torch.autograd.Function):
         return _reduce(loss, target, opts[0], reduction)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
+        if torch.is_grad_enabled():  # create_graph=True; once_differentiable would let it pass
+            raise RuntimeError(_NO_SECOND_DERIVATIVE)
         if ctx.fused:
-            if ctx.used:  # the saved gradients may have been scaled in place already
-                raise RuntimeError("fusewise.ops.linear_cross_entropy computes its gradients in "
-                                   "the forward; a second backward through the same call "
-                                   "(retain_graph=True) is not supported: call it again for "
-                                   "another backward")  # fmt: skip
+            if ctx.used:  # the saved gradients have been scaled in place already
+                raise RuntimeError(_second_backward(ctx))
             ctx.used = True
             grads = [_scaled(x, grad_out, d, ctx.path)
                      for x, d in zip(ctx.saved_tensors, ctx.dtypes)]  # fmt: skip
         else:
             hidden, weight, target, bias = ctx.saved_tensors
             opts, need, cfg = ctx.args
-            scale = grad_out.float().contiguous()
+            scale = grad_out.float()  # any strides (stride 0 from .sum()): the kernel reads them
             grads = _run(hidden, weight, target, bias, opts, scale, need, cfg, ctx.path,
                          final=True)[2:]  # fmt: skip
         return grads[0], grads[1], None, grads[2], None, None, None, None
+
+
+_NO_SECOND_DERIVATIVE = (
+    "fusewise.ops.linear_cross_entropy has no second derivative: its gradients carry no graph, "
+    "so differentiating them (create_graph=True: a gradient penalty, a Hessian-vector product) "
+    "would silently leave out its terms. Use fusewise.ops.reference.linear_cross_entropy where "
+    "higher-order gradients are needed."
+)
+
+
+def _second_backward(ctx) -> str:
+    """What happened, told by whether the first backward kept the graph's saved tensors."""
+    try:
+        ctx.saved_tensors
+        what = ("whose graph was kept by the first (retain_graph=True), but its gradients were "
+                "computed in the forward and the first backward used them up")  # fmt: skip
+    except RuntimeError:  # freed
+        what = ("after the first one freed its graph (.backward() twice, torch.autograd.grad("
+                "loss, some inputs) then .backward(), or two results built on the loss "
+                "backwarded one by one); retain_graph=True would not help: its gradients are "
+                "computed in the forward and the first backward uses them up")  # fmt: skip
+    return (f"fusewise.ops.linear_cross_entropy: a second backward reached this call, {what}. "
+            "Backward once through everything built on the loss (add the terms first: "
+            "(a + b).backward()), ask for every gradient in one torch.autograd.grad(loss, "
+            "[hidden, weight, ...]) call, or call linear_cross_entropy again for each backward; "
+            "reduction='none' recomputes in its backward and allows several.")  # fmt: skip
 
 
 # --- custom ops: what torch.compile traces (eager calls take _LinearCE directly) -----------------
@@ -205,10 +229,12 @@ def _path_of(t: Tensor) -> str:
 def linear_ce_fwd(hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None,
                   ignore_index: int, label_smoothing: float, z_loss: float, softcap: float | None,
                   fp32_accumulate: bool, chunk_size: int) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """Per-token loss and lse, no gradients (reduction="none", or no grad wanted); the last two
-    arguments are for the backward."""
+    """Per-token loss and lse [N], no gradients (reduction="none", or no grad wanted); target has
+    hidden's leading shape (N elements, for the error message); the last two arguments are for
+    the backward."""
+    _check_cpu_targets(target, ignore_index, weight.shape[0])
     opts = (ignore_index, label_smoothing, z_loss, softcap)
-    loss, lse, *_ = _run(hidden, weight, target, bias, opts, None, (False,) * 3,
+    loss, lse, *_ = _run(hidden, weight, target.reshape(-1), bias, opts, None, (False,) * 3,
                          (fp32_accumulate, chunk_size), _path_of(hidden), final=True)  # fmt: skip
     return loss, lse
 
@@ -228,7 +254,7 @@ def linear_ce_bwd(grad_tok: Tensor, hidden: Tensor, weight: Tensor, target: Tens
     """reduction="none"'s backward: recompute each chunk's logits, gradients scaled per token."""
     opts = (ignore_index, label_smoothing, z_loss, softcap)
     need = (True, True, bias is not None)
-    _, _, dh, dw, db = _run(hidden, weight, target, bias, opts, grad_tok, need,
+    _, _, dh, dw, db = _run(hidden, weight, target.reshape(-1), bias, opts, grad_tok, need,
                             (fp32_accumulate, chunk_size), _path_of(hidden), final=True)  # fmt: skip
     return dh, dw, db if db is not None else hidden.new_empty(0)
 
@@ -236,8 +262,16 @@ def linear_ce_bwd(grad_tok: Tensor, hidden: Tensor, weight: Tensor, target: Tens
 @linear_ce_bwd.register_fake
 def _(grad_tok, hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap,
       fp32_accumulate, chunk_size):  # fmt: skip
-    db = torch.empty_like(bias) if bias is not None else hidden.new_empty(0)
-    return torch.empty_like(hidden), torch.empty_like(weight), db
+    # contiguous, as _run allocates them (empty_like would copy a .T input's strides)
+    db = bias.new_empty(bias.shape) if bias is not None else hidden.new_empty(0)
+    return hidden.new_empty(hidden.shape), weight.new_empty(weight.shape), db
+
+
+def _check_cpu_targets(target, ignore_index, v):
+    # Under torch.compile the ops' implementations run eagerly, so on the CPU they can check the
+    # targets as the eager call does (same error, no graph break); on a GPU the loss is NaN.
+    if target.device.type == "cpu":
+        check_targets(target, ignore_index, v)
 
 
 def _setup_none(ctx, inputs, output):
@@ -249,8 +283,7 @@ def _setup_none(ctx, inputs, output):
 
 def _backward_none(ctx, grad_tok, _grad_lse):
     hidden, weight, target, bias = ctx.saved_tensors
-    dh, dw, db = linear_ce_bwd(grad_tok.float().contiguous(), hidden, weight, target, bias,
-                               *ctx.opts)  # fmt: skip
+    dh, dw, db = linear_ce_bwd(grad_tok.float(), hidden, weight, target, bias, *ctx.opts)
     return dh, dw, None, (db if bias is not None else None), *([None] * 6)
 
 
@@ -265,10 +298,11 @@ def linear_ce_fused(hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor
                     chunk_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """Reduced loss ("mean" or "sum") and its gradients for grad_output = 1, in one pass, held
     as _run(final=False) leaves them (the backward scales and rounds them)."""
+    _check_cpu_targets(target, ignore_index, weight.shape[0])
     opts = (ignore_index, label_smoothing, z_loss, softcap)
     reduction = "mean" if mean else "sum"
     need = (True, True, bias is not None)
-    loss, _, dh, dw, db = _run(hidden, weight, target, bias, opts,
+    loss, _, dh, dw, db = _run(hidden, weight, target.reshape(-1), bias, opts,
                                _token_scale(target, ignore_index, reduction), need,
                                (fp32_accumulate, chunk_size), _path_of(hidden), final=False)  # fmt: skip
     return (
@@ -313,37 +347,42 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: T
                          chunk_size: int | None = None) -> Tensor:  # fmt: skip
     """Cross-entropy of `hidden @ weight.T + bias` against `target` without the full logits.
 
-    hidden [N, d] or [B, T, d]; weight [V, d]; target [N] or [B, T] (int64, in [0, V) or
-    ignore_index); bias [V]. Returns a scalar ("mean", "sum") or [N] / [B, T] ("none"), fp32.
-    With every token ignored, "mean" gives 0 and zero gradients (torch gives nan). On a GPU a
-    non-ignored target outside [0, V) makes the loss NaN (raising would need a host sync); on the
-    CPU it raises. For "mean"/"sum" the gradients are computed in the forward (when any input
-    requires grad) and one backward per call is supported.
+    hidden [N, d] or [B, T, d] ([d] with a 0-d target: one token); weight [V, d]; target [N] or
+    [B, T] (int64 or int32, in [0, V) or ignore_index); bias [V]. Returns a scalar ("mean",
+    "sum") or [N] / [B, T] ("none"), fp32. Any layout: views with a unit stride on either dim
+    (padded rows, h[:, ::2], a weight.T view) go to the GEMMs uncopied, others are copied once;
+    target, bias and grad_output are read through their strides. With every token ignored,
+    "mean" gives 0 and zero gradients (torch gives nan). On a GPU a non-ignored target outside
+    [0, V) makes the loss NaN (raising would need a host sync); on the CPU it raises a
+    ValueError naming it, eagerly and under torch.compile alike. For "mean"/"sum" the gradients
+    are computed in the forward (when any input requires grad), so one backward per call (a
+    second raises and says why); no second derivative (create_graph=True raises).
 
-    fp32_accumulate: sum the weight gradient over chunks in fp32 (as accurate as eager; 4 bytes
-    per weight element more); default: in the weight's dtype. chunk_size: tokens per chunk
-    (default: 512 MiB of logits, 2048 tokens at V=128256 in bf16); larger is faster and takes
-    more memory.
+    ignore_index and chunk_size take any integer (Python, numpy, torch); label_smoothing in
+    [0, 1], z_loss >= 0 and softcap > 0 must be finite. fp32_accumulate: sum the weight gradient
+    over chunks in fp32 (as accurate as eager; 4 bytes per weight element more); default: in the
+    weight's dtype. chunk_size: tokens per chunk (default: 512 MiB of logits, 2048 tokens at
+    V=128256 in bf16); larger is faster and takes more memory.
     """
-    _check(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, z_loss, softcap)
-    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    opts, cfg = check_args(hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
+                           z_loss, softcap, fp32_accumulate, chunk_size)  # fmt: skip
+    ignore_index = opts[0]
+    # On a GPU an out-of-range target makes the loss NaN (checking would sync); under
+    # torch.compile the custom ops check on the CPU (here it would break the graph).
+    if not torch.compiler.is_compiling():
+        _check_cpu_targets(target, ignore_index, weight.shape[0])
     lead = target.shape
-    h2, t1 = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
-    if h2.stride(-1) != 1 or h2.stride(0) != h2.shape[1]:
-        h2 = h2.contiguous()
-    weight = weight if weight.stride(-1) == 1 else weight.contiguous()
-    opts = (int(ignore_index), float(label_smoothing), float(z_loss),
-            None if softcap is None else float(softcap))  # fmt: skip
-    cfg = (bool(fp32_accumulate), int(chunk_size or 0))
+    # target.numel() rows, not -1: a d = 0 hidden has no elements to infer them from
+    h2 = _gemm_ready(hidden.reshape(target.numel(), hidden.shape[-1]))
+    t1, weight = target.reshape(-1), _gemm_ready(weight)
     if torch.compiler.is_compiling():
         wants_grad = torch.is_grad_enabled() and any(
             x is not None and x.requires_grad for x in (h2, weight, bias)
         )
         if wants_grad and reduction != "none":
-            return linear_ce_fused(h2, weight, t1, bias, opts[0], reduction == "mean", *opts[1:],
-                                   *cfg)[0]  # fmt: skip
-        loss_tok, _ = linear_ce_fwd(h2, weight, t1, bias, *opts, *cfg)
+            return linear_ce_fused(h2, weight, target, bias, opts[0], reduction == "mean",
+                                   *opts[1:], *cfg)[0]  # fmt: skip
+        loss_tok, _ = linear_ce_fwd(h2, weight, target, bias, *opts, *cfg)
         out = _reduce(loss_tok, t1, ignore_index, reduction)
     else:
         path = _dispatch.choose_path("linear_cross_entropy", h2, weight)
@@ -351,35 +390,11 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: T
     return out.view(lead) if reduction == "none" else out
 
 
-def _check(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, z_loss,
-           softcap):  # fmt: skip
-    for name, t in (("hidden", hidden), ("weight", weight)):
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
-    if weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
-        raise ValueError(f"weight must be [V, d] with d = hidden.shape[-1] = {hidden.shape[-1]}, "
-                         f"got {tuple(weight.shape)}")  # fmt: skip
-    if hidden.dtype != weight.dtype:
-        raise TypeError(f"hidden and weight must share a dtype, got {hidden.dtype} and "
-                        f"{weight.dtype}")  # fmt: skip
-    if target.dtype not in (torch.int64, torch.int32) or target.shape != hidden.shape[:-1]:
-        raise ValueError(f"target must be an integer tensor of shape {tuple(hidden.shape[:-1])}, "
-                         f"got {target.dtype} {tuple(target.shape)}")  # fmt: skip
-    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != weight.dtype):
-        raise ValueError(f"bias must be [{weight.shape[0]}] in {weight.dtype}, got "
-                         f"{bias.dtype} {tuple(bias.shape)}")  # fmt: skip
-    for name, t in (("weight", weight), ("target", target), ("bias", bias)):
-        if t is not None and t.device != hidden.device:
-            raise ValueError(f"{name} is on {t.device} but hidden is on {hidden.device}")
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-    if not 0.0 <= label_smoothing <= 1.0 or z_loss < 0 or (softcap is not None and softcap <= 0):
-        raise ValueError("need 0 <= label_smoothing <= 1, z_loss >= 0 and softcap > 0 (or None)")
-    # On a GPU an out-of-range target is a device-side assert in the gather (checking here would
-    # sync); under torch.compile the check would break the graph, and gather raises instead.
-    if target.device.type == "cpu" and not torch.compiler.is_compiling():
-        bad = (target != ignore_index) & ((target < 0) | (target >= weight.shape[0]))
-        if bad.any():
-            i = int(bad.nonzero()[0, 0]) if bad.dim() == 1 else bad.nonzero()[0].tolist()
-            raise ValueError(f"target[{i}] = {int(target[bad][0])} is outside [0, "
-                             f"{weight.shape[0]}) and is not ignore_index ({ignore_index})")  # fmt: skip
+def _gemm_ready(x: Tensor) -> Tensor:
+    """x [rows, cols] itself when the GEMMs take it as it is (unit stride along one dim, the
+    other stride covering that dim: padded rows, h[:, ::2] of a [B, T, d], a .T view), and a
+    row chunk of it too; else a contiguous copy, made once rather than by every chunk's GEMM."""
+    r, c = x.shape
+    rows_ok = x.stride(1) == 1 and x.stride(0) >= max(1, c)
+    columns_ok = x.stride(0) == 1 and x.stride(1) >= max(1, r)
+    return x if rows_ok or columns_ok else x.contiguous()

@@ -146,16 +146,16 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: T
                          *, ignore_index: int = -100, reduction: str = "mean",
                          label_smoothing: float = 0.0, z_loss: float = 0.0,
                          softcap: float | None = None) -> Tensor:  # fmt: skip
-    """The full logits, then F.cross_entropy in fp32 (float64 stays float64), plus z_loss·lse²
-    averaged like the loss; "mean" over no valid token is 0 (fusewise's choice; torch: nan)."""
-    z = hidden @ weight.T
-    if bias is not None:
-        z = z + bias
-    acc = torch.promote_types(z.dtype, torch.float32)
-    z = z.to(acc)
+    """The full logits as nn.Linear makes them (F.linear: the bias added inside the GEMM, one
+    rounding), then F.cross_entropy in fp32 (float64 stays float64), plus z_loss·lse² averaged
+    like the loss; "mean" over no valid token is 0 (fusewise's choice; torch: nan)."""
+    # tokens as rows: one addmm for any layout (F.linear folds only a contiguous 3-D input)
+    rows = hidden.reshape(target.numel(), hidden.shape[-1])
+    z2 = torch.nn.functional.linear(rows, weight, bias)
+    z2 = z2.to(torch.promote_types(z2.dtype, torch.float32))
     if softcap is not None:
-        z = softcap * torch.tanh(z / softcap)
-    z2, t = z.reshape(-1, z.shape[-1]), target.reshape(-1)
+        z2 = softcap * torch.tanh(z2 / softcap)
+    t = target.reshape(-1)
     loss = torch.nn.functional.cross_entropy(z2, t, ignore_index=ignore_index, reduction="none",
                                              label_smoothing=label_smoothing)  # fmt: skip
     valid = t != ignore_index
