@@ -216,7 +216,7 @@ class StepObserver:
                     else "before its first step ended (in start-up or step 1)")  # fmt: skip
             said = f": {e}" if str(e) else ""
             hint = ""
-            if "Profiler is already enabled" in str(e) or "profiler is already" in str(e):
+            if _profiler_clash(e):
                 hint = ("\nThe script runs torch.profiler itself, which cannot nest with the "
                         "diagnosis' own profiler: diagnose it with its profiler off.")  # fmt: skip
             return (f"{script} raised {type(e).__name__} {when}{_innermost_user_frame(e)}"
@@ -269,6 +269,15 @@ def _is_user_module(module) -> bool:
     if not file or not file.endswith(".py"):
         return False
     return not os.path.realpath(file).startswith(_library_dirs())
+
+
+def _profiler_clash(e: BaseException) -> bool:
+    """A RuntimeError raised inside torch's profiler (its text varies: "Profiler is already
+    enabled on this thread", "Can't disable Kineto profiler when it's not running", ...)."""
+    profiler_code = (os.path.join(_TORCH_DIR, "profiler"), os.path.join(_TORCH_DIR, "autograd",
+                                                                        "profiler"))  # fmt: skip
+    frames = traceback.extract_tb(e.__traceback__)
+    return isinstance(e, RuntimeError) and any(f.filename.startswith(profiler_code) for f in frames)
 
 
 _PLUMBING = (os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>")
