@@ -22,14 +22,14 @@ if [ "$1" = tests ]; then
 fi
 if [ "$1" = bench ]; then
   t0=$SECONDS
-  timeout 150 python benchmarks/bench_adamw.py --csv "$OUT/adamw.csv" > "$OUT/bench_adamw.log" 2>&1
+  timeout 120 python benchmarks/bench_adamw.py --csv "$OUT/adamw.csv" > "$OUT/bench_adamw.log" 2>&1
   echo "bench_adamw rc=$? ($((SECONDS - t0)) s)"; grep -v Warning "$OUT/bench_adamw.log" | tail -8
   t0=$SECONDS
-  timeout 150 python benchmarks/bench_norms.py --widths 1024,4096,16384 --dtypes bf16 \
+  timeout 130 python benchmarks/bench_norms.py --widths 1024,4096,16384 --dtypes bf16 \
     --providers fusewise,torch,liger --csv "$OUT/norms.csv" > "$OUT/bench_norms.log" 2>&1
   echo "bench_norms rc=$? ($((SECONDS - t0)) s)"; grep -v Warning "$OUT/bench_norms.log" | tail -12
   t0=$SECONDS
-  timeout 200 python benchmarks/bench_linear_ce.py --tokens 16384 --chunks 2048 \
+  timeout 170 python benchmarks/bench_linear_ce.py --tokens 16384 --chunks 2048 \
     --csv "$OUT/linear_ce.csv" > "$OUT/bench_linear_ce.log" 2>&1
   echo "bench_linear_ce rc=$? ($((SECONDS - t0)) s)"; grep -v Warning "$OUT/bench_linear_ce.log" | tail -12
 fi
