@@ -197,8 +197,8 @@ def _diagnose_script(console: Console, args) -> int:
                            f"{args.sizes!r}", style="red"))  # fmt: skip
         return 2
     runs = []
-    variants = [_with_size(args.script_args, sizes[0], v) for v in args.sizes.split("=", 1)[1]
-                .split(",")] if sizes else [args.script_args]  # fmt: skip
+    variants = [_with_size(args.script_args, sizes[0], v) for v in sizes[3]] if sizes \
+        else [args.script_args]  # fmt: skip
     for script_args in variants:
         obs = StepObserver(args.steps, args.warmup)
         obs.run(args.script, script_args)
@@ -252,13 +252,14 @@ def _with_size(args: list[str], name: str, value: str) -> list[str]:
 
 
 def _parse_sizes(text: str):
-    """'seq_len=512,1024' -> ('seq_len', 512.0, 1024.0), or None if malformed. The script gets
-    the values as written (1.0 stays 1.0, for parsers that check the type)."""
+    """'seq_len=512,1024' -> ('seq_len', 512.0, 1024.0, ['512', '1024']), or None if malformed:
+    the script gets the values as written (1.0 stays 1.0, for parsers that check the type)."""
     name, _, values = text.lstrip("-").partition("=")
+    written = values.split(",")
     try:
-        a, b = (float(v) for v in values.split(","))
+        a, b = (float(v) for v in written)
     except ValueError:
         return None
     if not name or not (0 < a < math.inf and 0 < b < math.inf) or a == b:
         return None
-    return name, a, b
+    return name, a, b, written

@@ -10,8 +10,9 @@ from it (kept where it still rounds to the parameter's value). Writes through p.
 opt.sync_master_weights() after them, or the next step undoes them from the stale master.
 step() never synchronises with the host (steps and bias corrections live on the device; lr may be
 a tensor), so it can be captured in a CUDA graph. Every torch.optim.AdamW argument is taken (see
-AdamW.__init__); a parameter listed twice, or parameters overlapping in memory, raise. Under torch.amp.GradScaler the gradients are
-unscaled inside the kernel and a step with an inf/nan gradient is skipped on the device.
+AdamW.__init__); a parameter listed twice, or parameters overlapping in memory, raise. Under
+torch.amp.GradScaler the gradients are unscaled inside the kernel and a step with an inf/nan
+gradient is skipped on the device.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import torch
 
 from . import profiler
 from .loader import loader_lines
-from .opgraph import _FUSEWISE_DIR, _TORCH_DIR, Recorder
+from .opgraph import _FUSEWISE_DIR, _TORCH_DIR, Recorder, shown_path
 
 _SKIP_DIRS = (_TORCH_DIR, _FUSEWISE_DIR)
 
@@ -202,7 +202,8 @@ class StepObserver:
         many steps, how many were needed, and (for an exception) the traceback with the
         runner's own frames left out."""
         need = (f"the diagnosis needs {self.needed} (--warmup {self.warmup} + 2 x --steps "
-                f"{self.steps} + 1). A step ends at each optimizer.step() or fusewise.step()")  # fmt: skip
+                f"{self.steps} + 1). A step ends at each optimizer.step() or "
+                f"fusewise.step()")  # fmt: skip
         n = self.ends
         if self.ended == "optimizers":
             names = ", ".join(self._optimizers.values())
@@ -258,7 +259,7 @@ def _as_python_would(path: str, argv: list[str]):
 def _library_dirs() -> tuple[str, ...]:
     paths = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     paths.update(site.getsitepackages() + [site.getusersitepackages()])
-    paths.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # fusewise
+    paths.add(_FUSEWISE_DIR)
     return tuple(os.path.realpath(p) + os.sep for p in paths if p)
 
 
@@ -283,24 +284,25 @@ def _profiler_clash(e: BaseException) -> bool:
 _PLUMBING = (os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>")
 
 
+def _is_plumbing(filename: str) -> bool:
+    """A frame of this runner or of runpy (frozen runpy has no real path)."""
+    return filename in _PLUMBING or os.path.abspath(filename) in _PLUMBING
+
+
 def _traceback(e: BaseException) -> str:
     """The exception as Python prints it, without the frames of this runner and runpy (the
     script's frames then come first)."""
     te = traceback.TracebackException.from_exception(e)
     te.stack = traceback.StackSummary.from_list(
-        [f for f in te.stack if os.path.abspath(f.filename) not in _PLUMBING
-         and f.filename not in _PLUMBING]
-    )  # fmt: skip
+        [f for f in te.stack if not _is_plumbing(f.filename)]
+    )
     return "".join(te.format()).rstrip()
 
 
 def _innermost_user_frame(e: BaseException) -> str:
     """' at path:line' of the innermost frame outside torch and fusewise, or ''."""
-    from .opgraph import shown_path
-
-    frames = traceback.extract_tb(e.__traceback__)
-    for f in reversed(frames):
-        if f.filename in _PLUMBING or os.path.abspath(f.filename) in _PLUMBING:
+    for f in reversed(traceback.extract_tb(e.__traceback__)):
+        if _is_plumbing(f.filename):
             continue
         shown = shown_path(f.filename, _SKIP_DIRS)
         if shown is not None:

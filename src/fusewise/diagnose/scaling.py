@@ -61,26 +61,30 @@ def fit(graph_a: OpGraph, size_a: float, graph_b: OpGraph, size_b: float, *,
         name: str = "size", measured: tuple[float, float] | None = None) -> dict | None:
     """The fitted exponent of peak memory and what it comes from (the report shows it whatever
     its value), or None when a step allocated nothing."""
+    return _fit(graph_a, size_a, graph_b, size_b, name, measured)[0]
+
+
+def _fit(graph_a, size_a, graph_b, size_b, name, measured) -> tuple[dict | None, int | None]:
+    """(fit's evidence, the largest storage live at graph_b's peak)."""
     peak_a, _ = live_peak(graph_a)
-    peak_b, _ = live_peak(graph_b)
+    peak_b, largest = live_peak(graph_b)
     if peak_a <= 0 or peak_b <= 0 or size_a == size_b:
-        return None
+        return None, largest
     evidence = dict(sizes={name: [size_a, size_b]}, live_peak_bytes=[peak_a, peak_b],
                     exponent=round(exponent(peak_a, size_a, peak_b, size_b), 3))  # fmt: skip
     if measured:
         evidence["measured_peak_bytes"] = list(measured)
         evidence["measured_exponent"] = round(exponent(measured[0], size_a, measured[1], size_b), 3)
-    return evidence
+    return evidence, largest
 
 
 def find_scaling(graph_a: OpGraph, size_a: float, graph_b: OpGraph, size_b: float, *,
                  name: str = "size", measured: tuple[float, float] | None = None) -> list[Finding]:  # fmt: skip
-    evidence = fit(graph_a, size_a, graph_b, size_b, name=name, measured=measured)
+    evidence, largest = _fit(graph_a, size_a, graph_b, size_b, name, measured)
     if evidence is None or evidence["exponent"] < QUADRATIC_EXPONENT:
         return []
     peak_a, peak_b = evidence["live_peak_bytes"]
     k = evidence["exponent"]
-    _, largest = live_peak(graph_b)
     where = "?"
     if largest is not None:
         where = next((op.where for op in graph_b.ops if largest in op.outputs), "?")
