@@ -33,8 +33,19 @@ def row(op, provider, mode, shape, dtype, ms, value, pct="", peak="", *, commit_
     import torch
     import triton
 
-    return dict(op=op, provider=provider, mode=mode, shape=shape, dtype=dtype, ms=round(ms, 5),
-                gbps_or_tflops=round(value, 1), pct_of_ceiling=pct if pct == "" else round(pct, 1),
-                peak_bytes=peak, gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-                triton=triton.__version__, commit=commit_id or commit(),
-                date=datetime.date.today().isoformat())  # fmt: skip
+    return dict(
+        op=op,
+        provider=provider,
+        mode=mode,
+        shape=shape,
+        dtype=dtype,
+        ms=round(ms, 5),
+        gbps_or_tflops=round(value, 1),
+        pct_of_ceiling=pct if pct == "" else round(pct, 1),
+        peak_bytes=peak,
+        gpu=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        commit=commit_id or commit(),
+        date=datetime.date.today().isoformat(),
+    )

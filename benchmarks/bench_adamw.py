@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 
+import _rows  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 import torch
 import triton
 
-import _rows  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 import fusewise
 from fusewise import hardware
 
@@ -61,8 +61,11 @@ def make_optimizer(provider, params, layout):
         return fusewise.optim.AdamW(params, master_weights=layout == "bf16+master", **kw)
     if layout == "bf16+master":
         return ManualMaster(params, **kw)
-    flags = {"foreach": dict(foreach=True), "fused": dict(fused=True),
-             "for-loop": dict(foreach=False)}[provider]  # fmt: skip
+    flags = {
+        "foreach": dict(foreach=True),
+        "fused": dict(fused=True),
+        "for-loop": dict(foreach=False),
+    }[provider]
     return torch.optim.AdamW(params, **flags, **kw)
 
 
@@ -95,18 +98,26 @@ def main(argv=None):
     print(f"# {gpu}; torch {torch.__version__}; triton {triton.__version__}; commit {commit}")
     print(f"# copy ceiling {ceiling:,.0f} GB/s (measured now); byte model 28 B/param")
     rows = []
-    plan = [("fp32", ["fusewise", "fused", "foreach", "for-loop"]),
-            ("bf16+master", ["fusewise", "manual-master"])]  # fmt: skip
+    plan = [
+        ("fp32", ["fusewise", "fused", "foreach", "for-loop"]),
+        ("bf16+master", ["fusewise", "manual-master"]),
+    ]
     for mix in a.mixes.split(","):
         for layout, providers in plan:
             for prov in providers:
                 n, ms = bench(prov, layout, mix)
                 gbps = BYTES_PER_PARAM * n / ms / 1e6
                 pct = 100 * gbps / ceiling
-                rows.append(_rows.row("adamw", prov, "step", f"{mix}:{n}", layout, ms, gbps, pct,
-                                      commit_id=commit))  # fmt: skip
-                print(f"adamw {mix:8s} {layout:12s} {prov:14s} {n / 1e9:.3f}e9 params "
-                      f"{ms:8.3f} ms {gbps:7.0f} GB/s {pct:5.1f}%", flush=True)  # fmt: skip
+                rows.append(
+                    _rows.row(
+                        "adamw", prov, "step", f"{mix}:{n}", layout, ms, gbps, pct, commit_id=commit
+                    )
+                )
+                print(
+                    f"adamw {mix:8s} {layout:12s} {prov:14s} {n / 1e9:.3f}e9 params "
+                    f"{ms:8.3f} ms {gbps:7.0f} GB/s {pct:5.1f}%",
+                    flush=True,
+                )
     if a.csv:
         _rows.append_csv(a.csv, rows)
 

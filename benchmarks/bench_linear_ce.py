@@ -125,8 +125,9 @@ def precision(table, n=4096, d=2048, v=32768):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--tokens", default="8192,16384,32768")
-    ap.add_argument("--chunks", default="512,2048,4096",
-                    help="extra fusewise chunk sizes (tokens), at N=16384")  # fmt: skip
+    ap.add_argument(
+        "--chunks", default="512,2048,4096", help="extra fusewise chunk sizes (tokens), at N=16384"
+    )
     ap.add_argument("--csv", default=None)
     a = ap.parse_args(argv)
     gpu, commit = torch.cuda.get_device_name(), _rows.commit()
@@ -145,16 +146,40 @@ def main(argv=None):
                 torch.cuda.empty_cache()
                 continue
             tflops = flops / ms / 1e9
-            rows.append(_rows.row("linear_cross_entropy", name, "fwd_bwd", f"{n}x{D}x{V}", "bf16",
-                                  ms, tflops, peak=peak, commit_id=commit))  # fmt: skip
-            print(f"N={n:6d} {name:26s} {ms:8.2f} ms {tflops:6.0f} TFLOP/s "
-                  f"peak extra {peak / 1e9:6.2f} GB", flush=True)  # fmt: skip
+            rows.append(
+                _rows.row(
+                    "linear_cross_entropy",
+                    name,
+                    "fwd_bwd",
+                    f"{n}x{D}x{V}",
+                    "bf16",
+                    ms,
+                    tflops,
+                    peak=peak,
+                    commit_id=commit,
+                )
+            )
+            print(
+                f"N={n:6d} {name:26s} {ms:8.2f} ms {tflops:6.0f} TFLOP/s "
+                f"peak extra {peak / 1e9:6.2f} GB",
+                flush=True,
+            )
     print("# relative error vs float64 at N=4096, d=2048, V=32768 (loss, dhidden, dweight)")
     for name, (el, eh, ew) in precision(providers([])).items():
         print(f"{name:26s} loss {el:.2e}  dh {eh:.2e}  dw {ew:.2e}", flush=True)
-        rows.append(_rows.row("linear_cross_entropy", name, "rel_error_loss_dh_dw",
-                              "4096x2048x32768", "bf16", 0.0, 0.0,
-                              peak=f"{el:.3e};{eh:.3e};{ew:.3e}", commit_id=commit))  # fmt: skip
+        rows.append(
+            _rows.row(
+                "linear_cross_entropy",
+                name,
+                "rel_error_loss_dh_dw",
+                "4096x2048x32768",
+                "bf16",
+                0.0,
+                0.0,
+                peak=f"{el:.3e};{eh:.3e};{ew:.3e}",
+                commit_id=commit,
+            )
+        )
     if a.csv:
         _rows.append_csv(a.csv, rows)
 

@@ -17,11 +17,11 @@ import argparse
 import datetime
 import sys
 
+import _rows  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 import torch
 import torch.nn.functional as F
 import triton
 
-import _rows  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 import fusewise
 from fusewise import cost, hardware
 from fusewise.ops import reference
@@ -154,15 +154,31 @@ def main(argv=None):
                             Exception
                         ) as e:  # a peer that cannot run a shape is reported, not fatal
                             what = f"{prov} {op} {mode} {m}x{n} {dname}"
-                            print(f"# {what}: failed ({type(e).__name__}: "
-                                  f"{str(e).splitlines()[0][:120]})")  # fmt: skip
+                            print(
+                                f"# {what}: failed ({type(e).__name__}: "
+                                f"{str(e).splitlines()[0][:120]})"
+                            )
                             continue
                         gbps = c.bytes / ms / 1e6
-                        rows.append(_rows.row(op, prov, mode, f"{m}x{n}", dname, ms, gbps,
-                                              100 * gbps / copy_gbps, peak, commit_id=commit))  # fmt: skip
-                        print(f"{op:13s} {mode:7s} {dname:4s} {m:>7d}x{n:<7d} {prov:9s} "
-                              f"{ms:8.4f} ms {gbps:8.0f} GB/s {100 * gbps / copy_gbps:5.1f}%",
-                              flush=True)  # fmt: skip
+                        rows.append(
+                            _rows.row(
+                                op,
+                                prov,
+                                mode,
+                                f"{m}x{n}",
+                                dname,
+                                ms,
+                                gbps,
+                                100 * gbps / copy_gbps,
+                                peak,
+                                commit_id=commit,
+                            )
+                        )
+                        print(
+                            f"{op:13s} {mode:7s} {dname:4s} {m:>7d}x{n:<7d} {prov:9s} "
+                            f"{ms:8.4f} ms {gbps:8.0f} GB/s {100 * gbps / copy_gbps:5.1f}%",
+                            flush=True,
+                        )
                     torch.cuda.empty_cache()
     if a.csv:
         _rows.append_csv(a.csv, rows)
@@ -172,8 +188,10 @@ def main(argv=None):
 def _summary(rows):
     """Per (op, mode, dtype, width): fusewise % of ceiling and its ratio to the best peer."""
     print("\n# summary: fusewise % of copy ceiling, best peer, fusewise speed-up over it")
-    keys = sorted({(r["op"], r["mode"], r["dtype"], r["shape"]) for r in rows},
-                  key=lambda k: (k[0], k[1], k[2], int(k[3].split("x")[1])))  # fmt: skip
+    keys = sorted(
+        {(r["op"], r["mode"], r["dtype"], r["shape"]) for r in rows},
+        key=lambda k: (k[0], k[1], k[2], int(k[3].split("x")[1])),
+    )
     for k in keys:
         group = {
             r["provider"]: r for r in rows if (r["op"], r["mode"], r["dtype"], r["shape"]) == k
@@ -183,9 +201,11 @@ def _summary(rows):
         if not fw or not peers:
             continue
         best = min(peers, key=lambda r: r["ms"])
-        print(f"{k[0]:13s} {k[1]:7s} {k[2]:4s} {k[3]:>15s}  fusewise {fw['pct_of_ceiling']:5.1f}%  "
-              f"best peer {best['provider']:8s} {best['pct_of_ceiling']:5.1f}%  "
-              f"x{best['ms'] / fw['ms']:.2f}")  # fmt: skip
+        print(
+            f"{k[0]:13s} {k[1]:7s} {k[2]:4s} {k[3]:>15s}  fusewise {fw['pct_of_ceiling']:5.1f}%  "
+            f"best peer {best['provider']:8s} {best['pct_of_ceiling']:5.1f}%  "
+            f"x{best['ms'] / fw['ms']:.2f}"
+        )
 
 
 if __name__ == "__main__":

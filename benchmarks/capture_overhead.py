@@ -20,8 +20,10 @@ def main():
     t = time.perf_counter()
     with Recorder() as rec:
         model(idx, idx).backward()
-    print(f"{n / 1e9:.2f}e9-parameter forward+backward: {len(rec.graph.ops)} ops recorded in "
-          f"{time.perf_counter() - t:.2f} s (meta tensors)")  # fmt: skip
+    print(
+        f"{n / 1e9:.2f}e9-parameter forward+backward: {len(rec.graph.ops)} ops recorded in "
+        f"{time.perf_counter() - t:.2f} s (meta tensors)"
+    )
     cuda = torch.cuda.is_available()
     step, _, _ = make_step(device="cuda" if cuda else "cpu")
     for _ in range(3):
@@ -39,8 +41,10 @@ def main():
         if cuda:
             torch.cuda.synchronize()
     rec_s = time.perf_counter() - t
-    print(f"example step: {statistics.median(times) * 1e3:.1f} ms plain, {rec_s * 1e3:.1f} ms "
-          f"recorded (x{rec_s / statistics.median(times):.2f})")  # fmt: skip
+    print(
+        f"example step: {statistics.median(times) * 1e3:.1f} ms plain, {rec_s * 1e3:.1f} ms "
+        f"recorded (x{rec_s / statistics.median(times):.2f})"
+    )
 
 
 if __name__ == "__main__":

@@ -22,8 +22,12 @@ def main(out: Path):
     )
     console = Console(width=160)
     for variant in ("naive", "fusewise" if gpu else "clean"):
-        step, model, opt = make_step(cfg, variant=variant, device="cuda" if gpu else "cpu",
-                                     dtype=torch.bfloat16 if gpu else torch.float32)  # fmt: skip
+        step, model, opt = make_step(
+            cfg,
+            variant=variant,
+            device="cuda" if gpu else "cpu",
+            dtype=torch.bfloat16 if gpu else torch.float32,
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             r = diagnose(step, steps=7, warmup=2, restore=[model, opt])
@@ -46,8 +50,9 @@ def compare_chains(report, console):
             continue
         measured = ev["measured_ms_unfused"] - ev["fused_floor_ms"]
         ratio = f.est_saving_ms / measured if measured > 0 else float("nan")
-        console.print(f"{f.pattern:28s} {f.where:22s} {f.est_saving_ms:9.3f} {measured:15.3f} "
-                      f"{ratio:6.2f}")  # fmt: skip
+        console.print(
+            f"{f.pattern:28s} {f.where:22s} {f.est_saving_ms:9.3f} {measured:15.3f} {ratio:6.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -54,15 +54,24 @@ def row_kernel_sweep(rows):
             for warps in (4, 8, 16):
                 R.PROGRAMS_PER_SM, R.BLOCK_V, R.ROW_WARPS = pps, block, warps
                 args = (z, t, loss, lse, scale, (-100, 0.0, 0.0, None))
-                fn = lambda: R.ce_rows_triton(*args)  # noqa: E731
+                fn = lambda args=args: R.ce_rows_triton(*args)  # noqa: E731
                 try:
                     ms = triton.testing.do_bench(fn, warmup=20, rep=200, return_mode="median")
                 except Exception as e:  # a configuration that does not compile is skipped
                     print(f"  {pps} {block} {warps}: failed {type(e).__name__}")
                     continue
                 print(f"  {pps} {block:5d} {warps:2d}: {ms * 1e3:7.1f} us {nbytes / ms / 1e6:6.0f}")
-                rows.append(_rows.row("ce_rows_kernel", f"pps{pps}-b{block}-w{warps}", "fwd_grad",
-                                      f"1024x{B.V}", "bf16", ms, nbytes / ms / 1e6))  # fmt: skip
+                rows.append(
+                    _rows.row(
+                        "ce_rows_kernel",
+                        f"pps{pps}-b{block}-w{warps}",
+                        "fwd_grad",
+                        f"1024x{B.V}",
+                        "bf16",
+                        ms,
+                        nbytes / ms / 1e6,
+                    )
+                )
     R.PROGRAMS_PER_SM, R.BLOCK_V, R.ROW_WARPS = saved
 
 
@@ -75,8 +84,9 @@ def precision_vs_chunks(n=4096, d=2048, v=32768):
     rows = []
     for k in (1, 4, 8, 16, 32):
         for exact in (False, True):
-            loss = fusewise.ops.linear_cross_entropy(h, w, t, fp32_accumulate=exact,
-                                                     chunk_size=n // k)  # fmt: skip
+            loss = fusewise.ops.linear_cross_entropy(
+                h, w, t, fp32_accumulate=exact, chunk_size=n // k
+            )
             g = torch.autograd.grad(loss, [h, w])
             e = (B.rel(g[0], ref_g[0]), B.rel(g[1], ref_g[1]))
             print(f"  chunks={k:2d} fp32_accumulate={exact!s:5s} dh {e[0]:.3e} dw {e[1]:.3e}")
@@ -93,13 +103,26 @@ def main():
     for exact, chunk in ((False, 1024), (True, 1024), (False, 2048)):
         ms = breakdown(16384, exact, chunk)
         name = f"fusewise{'-fp32acc' if exact else ''}-chunk{chunk}"
-        rows.append(_rows.row("linear_cross_entropy", name, "kernel_sum", f"16384x{B.D}x{B.V}",
-                              "bf16", ms, 0.0))  # fmt: skip
+        rows.append(
+            _rows.row(
+                "linear_cross_entropy", name, "kernel_sum", f"16384x{B.D}x{B.V}", "bf16", ms, 0.0
+            )
+        )
         torch.cuda.empty_cache()
     print("# gradient error vs float64 by chunk count (N=4096, d=2048, V=32768)")
     for name, (eh, ew) in precision_vs_chunks():
-        rows.append(_rows.row("linear_cross_entropy", name, "rel_error_dh_dw", "4096x2048x32768",
-                              "bf16", 0.0, 0.0, peak=f"{eh:.3e};{ew:.3e}"))  # fmt: skip
+        rows.append(
+            _rows.row(
+                "linear_cross_entropy",
+                name,
+                "rel_error_dh_dw",
+                "4096x2048x32768",
+                "bf16",
+                0.0,
+                0.0,
+                peak=f"{eh:.3e};{ew:.3e}",
+            )
+        )
     if a.csv:
         _rows.append_csv(a.csv, rows)
 

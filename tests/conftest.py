@@ -29,8 +29,12 @@ def poisoned_outputs(monkeypatch):
     from fusewise.ops import _norm_launch
 
     def alloc(shape, dtype, device):
-        return torch.full(shape if isinstance(shape, tuple) else (shape,), float("nan"),
-                          dtype=dtype, device=device)  # fmt: skip
+        return torch.full(
+            shape if isinstance(shape, tuple) else (shape,),
+            float("nan"),
+            dtype=dtype,
+            device=device,
+        )
 
     monkeypatch.setattr(_norm_launch, "alloc", alloc)
 

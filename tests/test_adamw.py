@@ -4,9 +4,9 @@ The kernel runs for real: on the GPU, or on the CPU under the Triton interpreter
 
 import pytest
 import torch
+from adamw_cases import clone, make_params, rel, resume_and_compare, run
 
 import fusewise
-from adamw_cases import clone, make_params, rel, resume_and_compare, run
 from fusewise.ops import _dispatch
 
 CASES = {
@@ -46,12 +46,27 @@ def test_master_weights_track_an_fp32_optimizer(device):
     steps = 12
     grads = [[torch.randn_like(p).bfloat16() for p in params] for _ in range(steps)]
     model = clone(params, torch.bfloat16)
-    opt = run(fusewise.optim.AdamW, model, grads, steps, lambda ps: ps, lr=1e-2,
-              weight_decay=0.1, master_weights=True)  # fmt: skip
+    opt = run(
+        fusewise.optim.AdamW,
+        model,
+        grads,
+        steps,
+        lambda ps: ps,
+        lr=1e-2,
+        weight_decay=0.1,
+        master_weights=True,
+    )
     # fp32 reference: the same bf16 gradients, upcast, on fp32 copies of the bf16 start
     ref = clone([p.bfloat16().float() for p in params])
-    run(torch.optim.AdamW, ref, [[g.float() for g in gs] for gs in grads], steps, lambda ps: ps,
-        lr=1e-2, weight_decay=0.1)  # fmt: skip
+    run(
+        torch.optim.AdamW,
+        ref,
+        [[g.float() for g in gs] for gs in grads],
+        steps,
+        lambda ps: ps,
+        lr=1e-2,
+        weight_decay=0.1,
+    )
     for p, r in zip(model, ref):
         st = opt.state[p]
         assert st["master_param"].dtype == torch.float32
@@ -140,8 +155,10 @@ def test_lr_scheduler_and_tensor_lr(device):
     params = make_params(device, sizes=[100, 33])
     grads = [[torch.randn_like(p) for p in params] for _ in range(6)]
     out = []
-    for cls, lr in ((fusewise.optim.AdamW, torch.tensor(0.01, device=device)),
-                    (torch.optim.AdamW, 0.01)):  # fmt: skip
+    for cls, lr in (
+        (fusewise.optim.AdamW, torch.tensor(0.01, device=device)),
+        (torch.optim.AdamW, 0.01),
+    ):
         ps = clone(params)
         opt = cls(ps, lr=lr)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)

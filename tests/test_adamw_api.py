@@ -7,9 +7,9 @@ import warnings
 
 import pytest
 import torch
+from adamw_cases import clone, rel, run
 
 import fusewise
-from adamw_cases import clone, rel, run
 
 
 def test_duplicate_parameter_in_a_group_raises(device):

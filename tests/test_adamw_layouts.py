@@ -12,10 +12,10 @@ import random
 
 import pytest
 import torch
-
-import fusewise
 from adamw_cases import rel
 from layouts import KINDS, relayout
+
+import fusewise
 
 DTYPES = {  # id: (parameter dtype, fp32 masters)
     "fp32": (torch.float32, False),

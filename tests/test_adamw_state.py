@@ -5,10 +5,10 @@ import copy
 
 import pytest
 import torch
-
-import fusewise
 from adamw_cases import clone, rel, resume_and_compare, run
 from layouts import relayout
+
+import fusewise
 
 
 def test_torch_checkpoint_with_non_contiguous_state_resumes(device):

@@ -45,8 +45,21 @@ def write(tmp_path, name, text):
 def test_diagnose_script_stops_after_the_measured_steps(tmp_path):
     script = write(tmp_path, "train.py", TRAIN)
     marker, out = tmp_path / "done.txt", tmp_path / "r.json"
-    rc = main(["diagnose", script, "--steps", "2", "--warmup", "1", "--json", str(out), "--",
-               "50", str(marker)])  # fmt: skip
+    rc = main(
+        [
+            "diagnose",
+            script,
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--json",
+            str(out),
+            "--",
+            "50",
+            str(marker),
+        ]
+    )
     assert rc == 0
     assert not marker.exists()  # stopped at step 1 + 2·2 + 1 = 6 of 50, before the end
     d = json.loads(out.read_text())
@@ -94,7 +107,9 @@ def test_bad_arguments(argv, tmp_path, capsys):
 
 ATTN = """
 import argparse, torch, fusewise
-ap = argparse.ArgumentParser(); ap.add_argument("--seq", type=int); ap.add_argument("--sdpa", action="store_true")
+ap = argparse.ArgumentParser()
+ap.add_argument("--seq", type=int)
+ap.add_argument("--sdpa", action="store_true")
 a = ap.parse_args()
 q = torch.randn(2, 4, a.seq, 32, requires_grad=True)
 k, v = torch.randn(2, 4, a.seq, 32), torch.randn(2, 4, a.seq, 32)
@@ -112,8 +127,18 @@ for i in range(20):
 def test_sizes_fits_the_memory_exponent(sdpa, tmp_path):
     script = write(tmp_path, "attn.py", ATTN)
     out = tmp_path / "r.json"
-    args = ["diagnose", script, "--steps", "1", "--warmup", "1", "--sizes", "seq=256,512",
-            "--json", str(out)] + (["--", "--sdpa"] if sdpa else [])  # fmt: skip
+    args = [
+        "diagnose",
+        script,
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+        "--sizes",
+        "seq=256,512",
+        "--json",
+        str(out),
+    ] + (["--", "--sdpa"] if sdpa else [])
     assert main(args) == 0
     d = json.loads(out.read_text())
     scaling = [f for f in d["findings"] if f["title"].startswith("peak memory grows")]
@@ -151,6 +176,7 @@ def test_demo_norms_checks_the_kernels(capsys, monkeypatch, tmp_path):
 
 def strict_json(text: str):
     """json.loads that refuses NaN and Infinity, as JSON.parse and other strict parsers do."""
+
     def refuse(name):
         raise ValueError(f"not JSON: {name}")
 
@@ -164,8 +190,23 @@ def test_user_strings_are_never_markup(tmp_path, capsys):
     folder.mkdir(parents=True)
     script = write(folder, "train[bold].py", TRAIN)
     out, page = tmp_path / "r.json", tmp_path / "r.html"
-    rc = main(["diagnose", script, "--steps", "1", "--warmup", "1", "--json", str(out),
-               "--html", str(page), "--", "50", str(tmp_path / "m.txt")])  # fmt: skip
+    rc = main(
+        [
+            "diagnose",
+            script,
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--json",
+            str(out),
+            "--html",
+            str(page),
+            "--",
+            "50",
+            str(tmp_path / "m.txt"),
+        ]
+    )
     assert rc == 0 and out.exists() and page.exists()
     d = strict_json(out.read_text())
     assert any("train[bold].py" in f["where"] for f in d["findings"])
@@ -177,8 +218,11 @@ def test_report_json_is_strict(tmp_path):
     """Ops that move no bytes have infinite intensity: written as null, never as Infinity."""
     from fusewise.report import Report
 
-    r = Report(device={"name": "x"}, step={"median_ms": float("nan")},
-               top=[{"intensity": float("inf"), "flops": 1.0}])  # fmt: skip
+    r = Report(
+        device={"name": "x"},
+        step={"median_ms": float("nan")},
+        top=[{"intensity": float("inf"), "flops": 1.0}],
+    )
     d = strict_json(r.to_json())
     assert d["top"][0]["intensity"] is None and d["step"]["median_ms"] is None
 
@@ -187,15 +231,21 @@ def test_report_json_is_strict(tmp_path):
 def test_output_paths_are_checked_before_the_run(case, tmp_path, capsys):
     script = write(tmp_path, "train.py", TRAIN)
     marker = tmp_path / "ran.txt"
-    outputs = {"missing-folder": ["--json", str(tmp_path / "no" / "r.json")],
-               "the-script": ["--json", script],
-               "a-folder": ["--html", str(tmp_path)],
-               "same-file": ["--json", str(tmp_path / "r"), "--html", str(tmp_path / "r")]}
+    outputs = {
+        "missing-folder": ["--json", str(tmp_path / "no" / "r.json")],
+        "the-script": ["--json", script],
+        "a-folder": ["--html", str(tmp_path)],
+        "same-file": ["--json", str(tmp_path / "r"), "--html", str(tmp_path / "r")],
+    }
     before = open(script).read()
     assert main(["diagnose", script, *outputs[case], "--", "3", str(marker)]) == 2
     said = capsys.readouterr().out
-    assert {"missing-folder": "does not exist", "the-script": "refusing to overwrite",
-            "a-folder": "is a folder", "same-file": "name the same file"}[case] in said
+    assert {
+        "missing-folder": "does not exist",
+        "the-script": "refusing to overwrite",
+        "a-folder": "is a folder",
+        "same-file": "name the same file",
+    }[case] in said
     assert not marker.exists() and open(script).read() == before  # nothing ran, nothing lost
 
 
@@ -209,14 +259,37 @@ def test_console_entry_exits_with_the_diagnosis_status(tmp_path):
     script = write(tmp_path, "train.py", TRAIN)
     out = tmp_path / "r.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    ok = subprocess.run([sys.executable, "-m", "fusewise", "diagnose", script, "--steps", "1",
-                         "--warmup", "1", "--json", str(out), "--", "50", str(tmp_path / "m")],
-                        env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fusewise",
+            "diagnose",
+            script,
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--json",
+            str(out),
+            "--",
+            "50",
+            str(tmp_path / "m"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert strict_json(out.read_text())["step"]["steps_measured"] == 1
-    short = subprocess.run([sys.executable, "-m", "fusewise", "diagnose", script, "--", "1",
-                            str(tmp_path / "m")], env=env, capture_output=True, text=True,
-                           timeout=600)  # fmt: skip
+    short = subprocess.run(
+        [sys.executable, "-m", "fusewise", "diagnose", script, "--", "1", str(tmp_path / "m")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert short.returncode == 1 and "ended after 1 step(s)" in short.stdout
 
 
@@ -236,12 +309,23 @@ def test_cli_on_a_gpu_training_script_exits_0(sizes, entry, tmp_path):
     script = pathlib.Path(__file__).parents[1] / "examples" / "train_gpt.py"
     out = tmp_path / "r.json"
     soft = "import sys; from fusewise.cli import main; sys.exit(main(sys.argv[1:]))"
-    argv = [sys.executable, *(["-m", "fusewise"] if entry == "console" else ["-c", soft]),
-            "diagnose", str(script), "--steps", "2", "--warmup", "1", "--json", str(out)]  # fmt: skip
+    argv = [
+        sys.executable,
+        *(["-m", "fusewise"] if entry == "console" else ["-c", soft]),
+        "diagnose",
+        str(script),
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--json",
+        str(out),
+    ]
     argv += ["--sizes", "seq=64,128"] if sizes else []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    done = subprocess.run(argv + ["--", "--steps", "30"], env=env, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        argv + ["--", "--steps", "30"], env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, (done.stdout[-1500:], done.stderr[-3000:])
     d = strict_json(out.read_text())
     assert d["device"]["type"] == "cuda" and d["findings"]
@@ -308,8 +392,22 @@ def test_nanogpt_shaped_script_from_another_folder_with_sizes(tmp_path, monkeypa
     monkeypatch.chdir(elsewhere)
     path_before = list(sys.path)
     out = tmp_path / "r.json"
-    rc = main(["diagnose", script, "--steps", "1", "--warmup", "1", "--sizes",
-               "block_size=256,512", "--json", str(out), "--", "--steps=40"])  # fmt: skip
+    rc = main(
+        [
+            "diagnose",
+            script,
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--sizes",
+            "block_size=256,512",
+            "--json",
+            str(out),
+            "--",
+            "--steps=40",
+        ]
+    )
     assert rc == 0 and sys.path == path_before
     d = strict_json(out.read_text())
     (fit,) = [f for f in d["findings"] if f["title"].startswith("peak memory grows")]
@@ -318,11 +416,13 @@ def test_nanogpt_shaped_script_from_another_folder_with_sizes(tmp_path, monkeypa
 
 @pytest.mark.parametrize(
     "args, expected",
-    [(["--steps=40"], ["--steps=40", "--seq=64"]),
-     (["--seq=8", "--steps=40"], ["--seq=64", "--steps=40"]),
-     (["--seq", "8", "-v"], ["--seq", "64", "-v"])],
+    [
+        (["--steps=40"], ["--steps=40", "--seq=64"]),
+        (["--seq=8", "--steps=40"], ["--seq=64", "--steps=40"]),
+        (["--seq", "8", "-v"], ["--seq", "64", "-v"]),
+    ],
     ids=["appended", "key-value-replaced", "two-args-replaced"],
-)  # fmt: skip
+)
 def test_sizes_argument_takes_the_scripts_own_form(args, expected):
     from fusewise.cli import _with_size
 
@@ -350,15 +450,20 @@ if a.end == "raise":
 
 @pytest.mark.parametrize(
     "script_args, said",
-    [(["--end", "finish"], "ended after 2 step(s); the diagnosis needs 4"),
-     (["--end", "exit"], "exited (sys.exit(0)) after 2 step(s); the diagnosis needs 4"),
-     (["--help"], "exited (sys.exit(0)) after 0 step(s)"),
-     (["--nope"], "exited (sys.exit(2)) after 0 step(s); the diagnosis needs 4 (--warmup 1 + 2 x "
-                  "--steps 1 + 1). A step ends at each optimizer.step() or fusewise.step(). It "
-                  "stopped before its first step"),
-     (["--end", "raise"], "raised ValueError in step 3 (a profiled step) at ")],
+    [
+        (["--end", "finish"], "ended after 2 step(s); the diagnosis needs 4"),
+        (["--end", "exit"], "exited (sys.exit(0)) after 2 step(s); the diagnosis needs 4"),
+        (["--help"], "exited (sys.exit(0)) after 0 step(s)"),
+        (
+            ["--nope"],
+            "exited (sys.exit(2)) after 0 step(s); the diagnosis needs 4 (--warmup 1 + 2 x "
+            "--steps 1 + 1). A step ends at each optimizer.step() or fusewise.step(). It "
+            "stopped before its first step",
+        ),
+        (["--end", "raise"], "raised ValueError in step 3 (a profiled step) at "),
+    ],
     ids=["finished", "sys-exit", "help", "bad-argument", "raised"],
-)  # fmt: skip
+)
 def test_how_the_script_ended_is_said(script_args, said, tmp_path, capsys):
     script = write(tmp_path, "train.py", STEPS_THEN)
     rc = main(["diagnose", script, "--steps", "1", "--warmup", "1", "--", *script_args])
@@ -367,7 +472,7 @@ def test_how_the_script_ended_is_said(script_args, said, tmp_path, capsys):
     if script_args == ["--end", "raise"]:
         line = next(i for i, t in enumerate(STEPS_THEN.splitlines(), 1) if "raise ValueError" in t)
         assert f"train.py:{line}: no more data" in out  # the innermost user line, named first
-        tb = out[out.index("Traceback"):]
+        tb = out[out.index("Traceback") :]
         assert "load_batch()" in tb and "runpy" not in tb and "capture/script.py" not in tb
 
 
@@ -382,8 +487,10 @@ def test_script_arguments_without_the_separator_get_a_hint(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["diagnose", script, "--end", "exit"])
     assert e.value.code == 2
-    assert f"arguments for the script go after --: fusewise diagnose {script} [options] -- " \
-           f"--end exit" in capsys.readouterr().err  # fmt: skip
+    assert (
+        f"arguments for the script go after --: fusewise diagnose {script} [options] -- "
+        f"--end exit" in capsys.readouterr().err
+    )
 
 
 CFG = """
@@ -412,8 +519,23 @@ def test_sizes_reimport_the_scripts_own_modules(tmp_path):
     write(tmp_path, "model.py", MODEL)
     script = write(tmp_path, "train.py", CFG_TRAIN)
     out = tmp_path / "r.json"
-    assert main(["diagnose", script, "--steps", "1", "--warmup", "1", "--sizes", "seq=256,512",
-                 "--json", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "diagnose",
+                script,
+                "--steps",
+                "1",
+                "--warmup",
+                "1",
+                "--sizes",
+                "seq=256,512",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     fit = strict_json(out.read_text())["step"]["memory_scaling"]
     assert fit["exponent"] >= 1.9 and fit["sizes"] == {"seq": [256, 512]}
 
@@ -440,8 +562,20 @@ def test_a_script_that_changes_directory(tmp_path, monkeypatch):
     here.mkdir()
     write(proj, "chd.py", CHDIR)
     monkeypatch.chdir(here)
-    rc = main(["diagnose", "../proj/chd.py", "--steps", "1", "--warmup", "1", "--sizes",
-               "d=8,16", "--json", "r.json"])  # fmt: skip
+    rc = main(
+        [
+            "diagnose",
+            "../proj/chd.py",
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--sizes",
+            "d=8,16",
+            "--json",
+            "r.json",
+        ]
+    )
     assert rc == 0 and (here / "r.json").exists() and os.getcwd() == str(here)
 
 
@@ -475,8 +609,7 @@ def test_what_ends_a_step_with_several_optimizers(case, tmp_path, capsys):
 
     script = write(tmp_path, "train.py", TWO_OPTIMIZERS)
     out = tmp_path / "r.json"
-    rc = main(["diagnose", script, "--steps", "1", "--warmup", "1", "--json", str(out), "--",
-               case])  # fmt: skip
+    rc = main(["diagnose", script, "--steps", "1", "--warmup", "1", "--json", str(out), "--", case])
     said = " ".join(capsys.readouterr().out.split())
     if case == "two":
         assert rc == 1 and "2 optimizers (SGD, AdamW) each ended steps" in said
@@ -521,15 +654,18 @@ def test_console_entry_exits_even_when_main_raises(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys, threading, time, fusewise.cli as c\n"
-            "threading.Thread(target=time.sleep, args=(3600,)).start()\n"
-            "def boom(argv): raise RuntimeError('boom')\n"
-            "c.main = boom\n"
-            "sys.argv = ['fusewise', 'diagnose', 'x.py']\n"
-            "c.run()\n")  # fmt: skip
+    code = (
+        "import sys, threading, time, fusewise.cli as c\n"
+        "threading.Thread(target=time.sleep, args=(3600,)).start()\n"
+        "def boom(argv): raise RuntimeError('boom')\n"
+        "c.main = boom\n"
+        "sys.argv = ['fusewise', 'diagnose', 'x.py']\n"
+        "c.run()\n"
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 1 and "RuntimeError: boom" in done.stderr
 
 

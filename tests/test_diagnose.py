@@ -165,14 +165,34 @@ def test_diagnose_end_to_end_restores_state(tmp_path):
     assert set(d) == {"fusewise_version", "device", "step", "top", "findings", "skipped"}
     assert set(d["device"]) == {"name", "type", "bandwidth_GBps", "matmul_TFLOPs", "ridge"}
     assert d["step"]["median_ms"] > 0 and d["step"]["steps_measured"] == 2
-    assert {"name", "ms_per_step", "share", "flops", "bytes", "intensity", "bound",
-            "pct_of_ceiling"} == set(d["top"][0])  # fmt: skip
+    assert {
+        "name",
+        "ms_per_step",
+        "share",
+        "flops",
+        "bytes",
+        "intensity",
+        "bound",
+        "pct_of_ceiling",
+    } == set(d["top"][0])
     for f in d["findings"]:
-        assert set(f) == {"kind", "pattern", "title", "where", "est_saving_ms", "bytes_avoidable",
-                          "evidence", "fix"}  # fmt: skip
+        assert set(f) == {
+            "kind",
+            "pattern",
+            "title",
+            "where",
+            "est_saving_ms",
+            "bytes_avoidable",
+            "evidence",
+            "fix",
+        }
     kinds = {(f["kind"], f["pattern"]) for f in d["findings"]}
-    assert {("fusion-chain", "norm"), ("fusion-chain", "attention"),
-            ("fusion-chain", "optimizer"), ("quadratic-memory", None)} <= kinds  # fmt: skip
+    assert {
+        ("fusion-chain", "norm"),
+        ("fusion-chain", "attention"),
+        ("fusion-chain", "optimizer"),
+        ("quadratic-memory", None),
+    } <= kinds
     assert any(
         s["analysis"] == "memory-scaling" for s in d["skipped"]
     )  # said, not silently skipped
@@ -194,8 +214,9 @@ def _dropout_run(device, optimizer="torch"):
     torch.manual_seed(0)
     random.seed(0)
     np.random.seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.5),
-                                torch.nn.Linear(32, 4)).to(device)  # fmt: skip
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.Dropout(0.5), torch.nn.Linear(32, 4)
+    ).to(device)
     if optimizer == "torch":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     else:  # a bf16 model with fp32 masters: restoring the model must not undo them
@@ -225,8 +246,12 @@ def test_restore_leaves_the_run_bit_identical(optimizer, order, device):
             fusewise.diagnose(step, steps=1, warmup=1, restore=restore, ceilings=H200)
         step()
         step()
-        results.append([t.detach().clone() for t in
-                        [*model.parameters(), *(p.grad for p in model.parameters())]])  # fmt: skip
+        results.append(
+            [
+                t.detach().clone()
+                for t in [*model.parameters(), *(p.grad for p in model.parameters())]
+            ]
+        )
     for a, b in zip(*results):
         assert torch.equal(a, b)
 
@@ -391,14 +416,46 @@ def test_restore_none_a_dict_and_the_gradient_tensors_kept(device):
 
 @pytest.mark.parametrize(
     "call, causes, not_said",
-    [(dict(dtype="float32", mask=None, is_causal=True, shape=[2, 4, 64, 64], dropout=0.0,
-           device="cuda"), [], ["float32", "is_causal=True"]),
-     (dict(dtype="float32", mask="bool [64, 64]", is_causal=True, shape=[2, 4, 64, 64],
-           dropout=0.2, device="cuda"), ["attn_mask"], ["is_causal=True", "dropout"]),
-     (dict(dtype="float64", mask=None, is_causal=False, shape=[2, 4, 64, 60], dropout=0.2,
-           device="cpu"), ["float64", "head dim 60", "dropout_p=0.2"], [])],
+    [
+        (
+            dict(
+                dtype="float32",
+                mask=None,
+                is_causal=True,
+                shape=[2, 4, 64, 64],
+                dropout=0.0,
+                device="cuda",
+            ),
+            [],
+            ["float32", "is_causal=True"],
+        ),
+        (
+            dict(
+                dtype="float32",
+                mask="bool [64, 64]",
+                is_causal=True,
+                shape=[2, 4, 64, 64],
+                dropout=0.2,
+                device="cuda",
+            ),
+            ["attn_mask"],
+            ["is_causal=True", "dropout"],
+        ),
+        (
+            dict(
+                dtype="float64",
+                mask=None,
+                is_causal=False,
+                shape=[2, 4, 64, 60],
+                dropout=0.2,
+                device="cpu",
+            ),
+            ["float64", "head dim 60", "dropout_p=0.2"],
+            [],
+        ),
+    ],
     ids=["fp32-causal-gpu", "mask-gpu", "fp64-cpu-dropout"],
-)  # fmt: skip
+)
 def test_attention_fallback_names_only_causes_that_hold(call, causes, not_said):
     """fp32 is no cause (the GPU's memory-efficient kernel and the CPU's flash kernel take it);
     is_causal=True is not suggested to a call that has it; dropout is a cause on the CPU only."""

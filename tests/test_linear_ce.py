@@ -7,11 +7,11 @@ import importlib
 import numpy as np
 import pytest
 import torch
+from layouts import relayout
+from lce_cases import check, rel
 
 import fusewise
 from fusewise.ops import reference
-from layouts import relayout
-from lce_cases import check, rel
 
 # the module (fusewise.ops.linear_cross_entropy the attribute is the function of that name)
 lce = importlib.import_module("fusewise.ops.linear_cross_entropy")
@@ -59,8 +59,11 @@ def test_vocab_sizes_not_multiples_of_the_chunk(v, device):
 
 
 def test_3d_hidden_no_bias_no_ignore(device):
-    check(*inputs(0, 300, 16, torch.float32, device, ignore="none", bias=False, lead=(3, 7)),
-          torch.float32, reduction="none")  # fmt: skip
+    check(
+        *inputs(0, 300, 16, torch.float32, device, ignore="none", bias=False, lead=(3, 7)),
+        torch.float32,
+        reduction="none",
+    )
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -115,12 +118,24 @@ def test_opcheck(layout, device):
     h, w = (relayout(x, layout).requires_grad_() for x in (h, w))
     ops = torch.ops.fusewise
     torch.library.opcheck(ops.linear_ce_fwd.default, (h, w, t, b, -100, 0.1, 1e-3, 3.0, False, 0))
-    args = (torch.rand(12, device=device), h.detach(), w.detach(), t, b.detach(), -100, 0.0, 0.0,
-            None, False, 5)  # fmt: skip
+    args = (
+        torch.rand(12, device=device),
+        h.detach(),
+        w.detach(),
+        t,
+        b.detach(),
+        -100,
+        0.0,
+        0.0,
+        None,
+        False,
+        5,
+    )
     torch.library.opcheck(ops.linear_ce_bwd.default, args)
     for mean in (True, False):
-        torch.library.opcheck(ops.linear_ce_fused.default,
-                              (h, w, t, b, -100, mean, 0.1, 1e-3, 3.0, mean, 0))  # fmt: skip
+        torch.library.opcheck(
+            ops.linear_ce_fused.default, (h, w, t, b, -100, mean, 0.1, 1e-3, 3.0, mean, 0)
+        )
 
 
 @pytest.mark.gpu
@@ -219,8 +234,10 @@ def test_one_backward_per_call_and_frozen_inputs(device):
     (ref,) = torch.autograd.grad(reference.linear_cross_entropy(h, w2, t, b2), [h])
     torch.testing.assert_close(dh, ref, rtol=1e-5, atol=1e-7)
     with torch.no_grad():
-        torch.testing.assert_close(fusewise.ops.linear_cross_entropy(h, w, t, b),
-                                   reference.linear_cross_entropy(h, w, t, b))  # fmt: skip
+        torch.testing.assert_close(
+            fusewise.ops.linear_cross_entropy(h, w, t, b),
+            reference.linear_cross_entropy(h, w, t, b),
+        )
 
 
 @pytest.mark.gpu
@@ -241,8 +258,9 @@ def test_cuda_graph_capture_replays_loss_and_gradients(reduction):
     g = torch.rand(96, device="cuda") if reduction == "none" else None
 
     def step():
-        loss = fusewise.ops.linear_cross_entropy(h, w, t, b, reduction=reduction, chunk_size=40,
-                                                 label_smoothing=0.1)  # fmt: skip
+        loss = fusewise.ops.linear_cross_entropy(
+            h, w, t, b, reduction=reduction, chunk_size=40, label_smoothing=0.1
+        )
         return (loss, *torch.autograd.grad(loss, [h, w, b], g))
 
     def new_data():
@@ -269,8 +287,10 @@ def test_bad_target_compiled_agrees_with_eager(reduction, device):
     a GPU both give a NaN loss (raising would need a host sync)."""
     h, w, t, b = inputs(0, 20, 8, torch.float32, device, lead=(2, 3))
     t[1, 1] = 20
-    calls = [lambda: fusewise.ops.linear_cross_entropy(h, w, t, b, reduction=reduction),
-             lambda: _compiled(device, reduction=reduction)(h, w, t, b)]  # fmt: skip
+    calls = [
+        lambda: fusewise.ops.linear_cross_entropy(h, w, t, b, reduction=reduction),
+        lambda: _compiled(device, reduction=reduction)(h, w, t, b),
+    ]
     if device.type == "cpu":
         messages = []
         for call in calls:
@@ -323,8 +343,12 @@ def test_second_backward_says_what_happened_and_what_to_do(situation, device):
     assert SECOND_BACKWARD[situation] in message
     if "freed" in SECOND_BACKWARD[situation]:
         assert "retain_graph=True would not help" in message
-    for fix in ("add the terms", "torch.autograd.grad(loss, [hidden, weight",
-                "linear_cross_entropy again for each backward", "reduction='none'"):  # fmt: skip
+    for fix in (
+        "add the terms",
+        "torch.autograd.grad(loss, [hidden, weight",
+        "linear_cross_entropy again for each backward",
+        "reduction='none'",
+    ):
         assert fix in message
 
 
@@ -356,15 +380,34 @@ def test_create_graph_raises_rather_than_drop_the_second_derivative(reduction, d
 
 NAN, INF = float("nan"), float("inf")
 BAD_OPTIONS = [
-    ("z_loss", NAN), ("z_loss", INF), ("z_loss", -1e-3), ("z_loss", True), ("z_loss", "0.1"),
-    ("softcap", NAN), ("softcap", INF), ("softcap", 0.0), ("softcap", -3.0), ("softcap", True),
-    ("label_smoothing", NAN), ("label_smoothing", INF), ("label_smoothing", 1.5),
-    ("label_smoothing", -0.1), ("label_smoothing", "0.1"),
-    ("chunk_size", True), ("chunk_size", 2.0), ("chunk_size", "2"), ("chunk_size", -1),
-    ("ignore_index", True), ("ignore_index", -100.0), ("ignore_index", "x"),
-    ("ignore_index", None), ("fp32_accumulate", "no"), ("fp32_accumulate", 1),
-    ("reduction", "avg"), ("reduction", None),
-]  # fmt: skip
+    ("z_loss", NAN),
+    ("z_loss", INF),
+    ("z_loss", -1e-3),
+    ("z_loss", True),
+    ("z_loss", "0.1"),
+    ("softcap", NAN),
+    ("softcap", INF),
+    ("softcap", 0.0),
+    ("softcap", -3.0),
+    ("softcap", True),
+    ("label_smoothing", NAN),
+    ("label_smoothing", INF),
+    ("label_smoothing", 1.5),
+    ("label_smoothing", -0.1),
+    ("label_smoothing", "0.1"),
+    ("chunk_size", True),
+    ("chunk_size", 2.0),
+    ("chunk_size", "2"),
+    ("chunk_size", -1),
+    ("ignore_index", True),
+    ("ignore_index", -100.0),
+    ("ignore_index", "x"),
+    ("ignore_index", None),
+    ("fp32_accumulate", "no"),
+    ("fp32_accumulate", 1),
+    ("reduction", "avg"),
+    ("reduction", None),
+]
 
 
 @pytest.mark.parametrize("name,value", BAD_OPTIONS, ids=[f"{n}={v!r}" for n, v in BAD_OPTIONS])
@@ -394,7 +437,7 @@ def test_bad_tensor_argument_is_named(device):
         ((h, w[:0], torch.full_like(t, -100), b[:0]), "^weight must have at least one row"),
         ((h, w.detach().to("meta"), t, b), "^weight is on meta.*move"),
         ((h.half(), w, t, b), "^hidden and weight must share a dtype.*to\\(weight.dtype\\)"),
-    ]  # fmt: skip
+    ]
     for args, pattern in cases:
         with pytest.raises((TypeError, ValueError), match=pattern):
             f(*args)

@@ -19,11 +19,11 @@ import random
 
 import pytest
 import torch
+from layouts import KINDS, expanded, relayout
+from lce_cases import check
 
 import fusewise
 from fusewise.ops import _linear_ce_rows
-from layouts import KINDS, expanded, relayout
-from lce_cases import check
 
 # "tstrided": a 3-D [B, T, d] hidden seen through h[:, ::2] of a poisoned [B, 2T, d] buffer
 H_LAYOUTS = (*KINDS, "tstrided")
@@ -42,8 +42,13 @@ def _cases(n=64, seed=9):
         while True:
             yield rng.choice(kinds)
 
-    layouts = {"h": draws(H_LAYOUTS), "w": draws(KINDS), "t": draws(T_LAYOUTS),
-               "b": draws(B_LAYOUTS), "g": draws(G_LAYOUTS)}  # fmt: skip
+    layouts = {
+        "h": draws(H_LAYOUTS),
+        "w": draws(KINDS),
+        "t": draws(T_LAYOUTS),
+        "b": draws(B_LAYOUTS),
+        "g": draws(G_LAYOUTS),
+    }
     out = []
     for i in range(n):
         # the first cases hold every layout of every input (grad_output's too: reduction
@@ -77,9 +82,11 @@ def _id(c):
     lead = "x".join(map(str, c["lead"]))
     g = f"-g.{c['g']}" if c["reduction"] == "none" else ""
     opts = "".join(f"-{k}" for k in c["opts"]) + ("-fp32acc" if c["fp32_acc"] else "")
-    return (f"N{lead}-d{c['d']}-V{c['v']}-{c['dtype']}-{c['reduction']}-h.{c['h']}-w.{c['w']}"
-            f"-t.{c['t']}-b.{c['b']}{g}{opts}-ii{c['ignore_index']}.{c['ignored']}"
-            f"-c{c['chunk']}")  # fmt: skip
+    return (
+        f"N{lead}-d{c['d']}-V{c['v']}-{c['dtype']}-{c['reduction']}-h.{c['h']}-w.{c['w']}"
+        f"-t.{c['t']}-b.{c['b']}{g}{opts}-ii{c['ignore_index']}.{c['ignored']}"
+        f"-c{c['chunk']}"
+    )
 
 
 CASES = _cases()
@@ -141,8 +148,12 @@ def test_any_layout_matches_float64(c, device, monkeypatch):
     monkeypatch.setattr(_linear_ce_rows, "BLOCK_V", 32)
     h, w, t, b, g = _inputs(c, device)
     kw = {k: v for o in c["opts"] for k, v in OPTIONS[o].items()}
-    kw.update(reduction=c["reduction"], ignore_index=c["ignore_index"], chunk_size=c["chunk"],
-              fp32_accumulate=c["fp32_acc"])  # fmt: skip
+    kw.update(
+        reduction=c["reduction"],
+        ignore_index=c["ignore_index"],
+        chunk_size=c["chunk"],
+        fp32_accumulate=c["fp32_acc"],
+    )
     check(h, w, t, b, DTYPES[c["dtype"]], g=g, **kw)
     assert fusewise.ops.paths()["linear_cross_entropy"] in ("triton", "triton-interpreter")
 

@@ -6,10 +6,10 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from norm_cases import DTYPES, SLACK, make_inputs, rel_err
 
 import fusewise
 from fusewise.ops import _dispatch
-from norm_cases import DTYPES, SLACK, make_inputs, rel_err
 
 # --- bad input: a clear error naming the argument ----------------------------------------------
 
@@ -109,7 +109,7 @@ def test_numpy_and_integer_eps_are_numbers(device):
         assert torch.equal(f(x, eps=np.float32(0.25)), f(x, eps=0.25))
         assert torch.equal(f(x, eps=np.int64(1)), f(x, eps=1.0))
         compiled = torch.compile(
-            lambda t: f(t, eps=np.float32(0.25)), backend=backend, fullgraph=True
+            lambda t, f=f: f(t, eps=np.float32(0.25)), backend=backend, fullgraph=True
         )
         assert rel_err(compiled(x), f(x, eps=0.25)) < 1e-6
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.nn.functional as F
+from layouts import KINDS, relayout
+from norm_cases import DTYPES, SLACK, rel_err
 
 import fusewise
 from fusewise.ops import _norm_launch, reference
-from layouts import KINDS, relayout
-from norm_cases import DTYPES, SLACK, rel_err
 
 OPS = ("layer_norm", "rms_norm", "add_rms_norm", "nn.LayerNorm", "nn.RMSNorm")
 LN_OPS = ("layer_norm", "nn.LayerNorm")

@@ -4,10 +4,20 @@ under the Triton interpreter."""
 
 import pytest
 import torch
+from norm_cases import (
+    DTYPES,
+    OPS,
+    SLACK,
+    backward,
+    dx_term_scale,
+    eager,
+    fused,
+    make_inputs,
+    oracle,
+    rel_err,
+)
 
 from fusewise.ops import _norm_launch
-from norm_cases import (DTYPES, OPS, SLACK, backward, dx_term_scale, eager, fused, make_inputs,
-                        oracle, rel_err)  # fmt: skip
 
 SHAPES = {
     "M1-N7": (1, 7),

@@ -4,11 +4,10 @@ import shutil
 import subprocess
 
 import pytest
+from test_diagnose import golden
 
 from fusewise.diagnose.driver import build_report
 from fusewise.hardware import Ceilings
-
-from test_diagnose import golden
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -32,9 +31,20 @@ def test_html_is_self_contained(tmp_path):
 def test_html_renders_in_headless_chromium(tmp_path):
     path, png = tmp_path / "r.html", tmp_path / "r.png"
     report().save_html(path)
-    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
-                    f"--screenshot={png}", "--window-size=1100,1400", f"file://{path}"],
-                   check=True, timeout=120, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--screenshot={png}",
+            "--window-size=1100,1400",
+            f"file://{path}",
+        ],
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(data) > 30_000  # tables and a plot, not a blank page (a blank one is ~5 kB)

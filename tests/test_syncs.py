@@ -10,15 +10,21 @@ from fusewise.diagnose.syncs import find_syncs
 
 
 def graph(device: str) -> OpGraph:
-    values = {0: Value(0, (1024,), "float32", 4096, device=device),
-              1: Value(1, (), "float32", 4, device=device),
-              2: Value(2, (1024,), "float32", 4096, device="cpu")}  # fmt: skip
+    values = {
+        0: Value(0, (1024,), "float32", 4096, device=device),
+        1: Value(1, (), "float32", 4, device=device),
+        2: Value(2, (1024,), "float32", 4096, device="cpu"),
+    }
     ops = [
         OpRecord(0, "aten.sum.default", "forward", [0], [1], 1024.0, 4100.0, "train.py:10"),
-        OpRecord(1, "aten._local_scalar_dense.default", "forward", [1], [], 1.0, 4.0, "train.py:11"),
-        OpRecord(2, "aten._local_scalar_dense.default", "forward", [1], [], 1.0, 4.0, "train.py:11"),
+        OpRecord(
+            1, "aten._local_scalar_dense.default", "forward", [1], [], 1.0, 4.0, "train.py:11"
+        ),
+        OpRecord(
+            2, "aten._local_scalar_dense.default", "forward", [1], [], 1.0, 4.0, "train.py:11"
+        ),
         OpRecord(3, "aten._to_copy.default", "forward", [0], [2], 1024.0, 8192.0, "train.py:12"),
-    ]  # fmt: skip
+    ]
     return OpGraph(ops, values)
 
 

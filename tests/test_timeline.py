@@ -40,8 +40,19 @@ def synthetic(steps=2):
 
 def graph_with_short_ops():
     values = {0: Value(0, (8,), "float32", 32, device="cuda")}
-    ops = [OpRecord(i, "aten.add.Tensor", "forward", [0], [0], 8.0, 96.0,
-                    "train.py:7" if i < 5 else "train.py:9") for i in range(8)]  # fmt: skip
+    ops = [
+        OpRecord(
+            i,
+            "aten.add.Tensor",
+            "forward",
+            [0],
+            [0],
+            8.0,
+            96.0,
+            "train.py:7" if i < 5 else "train.py:9",
+        )
+        for i in range(8)
+    ]
     for op in ops:
         op.ms = 0.004
     return OpGraph(ops, values)
@@ -57,8 +68,15 @@ def test_every_gap_gets_its_cause():
 
 
 def test_findings_cost_the_idle_time_per_step_and_name_lines():
-    sync = Finding(kind="host-sync", title="1 sync", where="train.py:20", est_saving_ms=0.0,
-                   bytes_avoidable=0.0, fix="...", evidence={"syncs_per_step": 1})  # fmt: skip
+    sync = Finding(
+        kind="host-sync",
+        title="1 sync",
+        where="train.py:20",
+        est_saving_ms=0.0,
+        bytes_avoidable=0.0,
+        fix="...",
+        evidence={"syncs_per_step": 1},
+    )
     found = {f.kind: f for f in find_gaps(synthetic(), graph_with_short_ops(), [sync])}
     assert set(found) == {"launch-overhead", "host-sync", "data-loading", "idle-gap"}
     assert found["launch-overhead"].est_saving_ms == pytest.approx(99 * 15 / 1e3)
@@ -87,8 +105,9 @@ def test_idle_time_is_scaled_to_the_plain_step():
 
 
 def test_data_loading_is_named_at_the_line_that_takes_batches():
-    from fusewise.capture.loader import loader_lines
     from torch.utils.data import DataLoader, dataloader
+
+    from fusewise.capture.loader import loader_lines
 
     original = dataloader._BaseDataLoaderIter.__next__
     with loader_lines() as lines:
@@ -98,19 +117,33 @@ def test_data_loading_is_named_at_the_line_that_takes_batches():
     assert dataloader._BaseDataLoaderIter.__next__ is original  # the patch is undone
     ((where, n),) = lines.items()
     assert n == 3 and "test_timeline.py" in where
-    (f,) = [f for f in find_gaps(synthetic(), graph_with_short_ops(), [], loader_lines=lines)
-            if f.kind == "data-loading"]  # fmt: skip
+    (f,) = [
+        f
+        for f in find_gaps(synthetic(), graph_with_short_ops(), [], loader_lines=lines)
+        if f.kind == "data-loading"
+    ]
     assert f.where == where and f.evidence["batches_taken_at"] == {where: 3}
     with pytest.raises(ZeroDivisionError), loader_lines():
-        1 / 0
+        _ = 1 / 0
     assert dataloader._BaseDataLoaderIter.__next__ is original
 
 
 def test_sync_idle_is_shared_by_syncs_per_step_and_unseen_syncs_get_a_finding():
-    mk = lambda where, n: Finding(kind="host-sync", title="", where=where, est_saving_ms=0.0,  # noqa: E731
-                                  bytes_avoidable=0.0, fix="", evidence={"syncs_per_step": n})  # fmt: skip
-    out = {f.where: f for f in find_gaps(synthetic(), graph_with_short_ops(),
-                                         [mk("a.py:1", 3), mk("b.py:2", 1)])}  # fmt: skip
+    def mk(where, n):
+        return Finding(
+            kind="host-sync",
+            title="",
+            where=where,
+            est_saving_ms=0.0,
+            bytes_avoidable=0.0,
+            fix="",
+            evidence={"syncs_per_step": n},
+        )
+
+    out = {
+        f.where: f
+        for f in find_gaps(synthetic(), graph_with_short_ops(), [mk("a.py:1", 3), mk("b.py:2", 1)])
+    }
     assert out["a.py:1"].est_saving_ms == pytest.approx(3 * out["b.py:2"].est_saving_ms)
     assert out["a.py:1"].est_saving_ms + out["b.py:2"].est_saving_ms == pytest.approx(0.3)
     unseen = [
@@ -124,8 +157,15 @@ def test_small_idle_is_not_a_finding_and_no_timeline_changes_nothing():
     assert sum(g1 - g0 for g in classify(tl).values() for g0, g1 in g) == 90.0
     assert find_gaps(tl, graph_with_short_ops(), []) == []  # 0.1 ms of 10: under GAP_MIN_SHARE
     assert 0.09 < T.GAP_MIN_SHARE * 10
-    sync = Finding(kind="host-sync", title="", where="x:1", est_saving_ms=0.0, bytes_avoidable=0.0,
-                   fix="", evidence={"syncs_per_step": 1})  # fmt: skip
+    sync = Finding(
+        kind="host-sync",
+        title="",
+        where="x:1",
+        est_saving_ms=0.0,
+        bytes_avoidable=0.0,
+        fix="",
+        evidence={"syncs_per_step": 1},
+    )
     assert find_gaps(None, graph_with_short_ops(), [sync]) == [sync]
 
 

@@ -11,7 +11,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-
 _DIAGNOSE_HELP = """\
 Run SCRIPT in this process, as `python SCRIPT ARGS` would, and diagnose its steps.
 
@@ -34,22 +33,32 @@ def main(argv: list[str] | None = None) -> int:
     env.add_argument("--refresh", action="store_true", help="measure again, ignoring the cache")
     env.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda if present)")
     dg = sub.add_parser(
-        "diagnose", help="run SCRIPT in-process and diagnose its steps",
-        formatter_class=argparse.RawDescriptionHelpFormatter, description=_DIAGNOSE_HELP,
+        "diagnose",
+        help="run SCRIPT in-process and diagnose its steps",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_DIAGNOSE_HELP,
         epilog="Arguments after -- are passed to SCRIPT: fusewise diagnose train.py --steps 3 "
-               "-- --batch_size=8",
-    )  # fmt: skip
+        "-- --batch_size=8",
+    )
     dg.add_argument("script")
     dg.add_argument("--steps", type=int, default=5, help="steps timed, and steps profiled")
-    dg.add_argument("--warmup", type=int, default=2,
-                    help="steps run first, untouched (at least 1: a step is timed from the end "
-                         "of the one before)")  # fmt: skip
+    dg.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        help="steps run first, untouched (at least 1: a step is timed from the end "
+        "of the one before)",
+    )
     dg.add_argument("--json", default=None, help="write the report as JSON here")
     dg.add_argument("--html", default=None, help="write a self-contained HTML report here")
-    dg.add_argument("--sizes", default=None, metavar="NAME=V1,V2",
-                    help="run the script twice, with --NAME=V1 and then --NAME=V2 (replacing "
-                         "a --NAME given after --, in its form), and fit how peak memory "
-                         "scales (e.g. seq_len=512,1024)")  # fmt: skip
+    dg.add_argument(
+        "--sizes",
+        default=None,
+        metavar="NAME=V1,V2",
+        help="run the script twice, with --NAME=V1 and then --NAME=V2 (replacing "
+        "a --NAME given after --, in its form), and fit how peak memory "
+        "scales (e.g. seq_len=512,1024)",
+    )
     demo = sub.add_parser("demo", help="diagnose a built-in GPT step, fix it, diagnose again")
     demo.add_argument("--steps", type=int, default=7, help="steps timed and profiled per variant")
     demo.add_argument("--warmup", type=int, default=2)
@@ -64,8 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         hint = ""
         if args.command == "diagnose":
-            hint = (f"; arguments for the script go after --: fusewise diagnose {args.script} "
-                    f"[options] -- {' '.join(unknown)}")  # fmt: skip
+            hint = (
+                f"; arguments for the script go after --: fusewise diagnose {args.script} "
+                f"[options] -- {' '.join(unknown)}"
+            )
         parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     args.script_args = script_args
     console = Console(width=None if sys.stdout.isatty() else 150)
@@ -98,10 +109,13 @@ def _env(console: Console, device: str | None, refresh: bool) -> int:
     t.add_row("matmul rate", f"{c.matmul_TFLOPs:,.1f} TFLOP/s ({c.source})")
     t.add_row("ridge point", f"{c.ridge:,.0f} FLOP/byte")
     if c.datasheet_bandwidth_GBps:
-        t.add_row("datasheet", f"{c.datasheet_bandwidth_GBps:,.0f} GB/s, "
-                  f"{c.datasheet_matmul_TFLOPs:,.0f} TFLOP/s: measured is "
-                  f"{100 * c.bandwidth_GBps / c.datasheet_bandwidth_GBps:.0f}% and "
-                  f"{100 * c.matmul_TFLOPs / c.datasheet_matmul_TFLOPs:.0f}%")  # fmt: skip
+        t.add_row(
+            "datasheet",
+            f"{c.datasheet_bandwidth_GBps:,.0f} GB/s, "
+            f"{c.datasheet_matmul_TFLOPs:,.0f} TFLOP/s: measured is "
+            f"{100 * c.bandwidth_GBps / c.datasheet_bandwidth_GBps:.0f}% and "
+            f"{100 * c.matmul_TFLOPs / c.datasheet_matmul_TFLOPs:.0f}%",
+        )
     console.print(t)
     return 0
 
@@ -159,8 +173,9 @@ def _output_problem(path: str | None, flag: str, script: str, taken: dict) -> st
         return f"{flag} {path} is a folder; give a file path"
     if not os.path.isdir(folder):
         return f"{flag} {path}: the folder {folder} does not exist"
-    if not os.access(folder, os.W_OK) or (os.path.exists(target)
-                                           and not os.access(target, os.W_OK)):  # fmt: skip
+    if not os.access(folder, os.W_OK) or (
+        os.path.exists(target) and not os.access(target, os.W_OK)
+    ):
         return f"{flag} {path}: not writable"
     if os.path.exists(target) and os.path.samefile(target, script):
         return f"{flag} {path} is the script being diagnosed; refusing to overwrite it"
@@ -176,9 +191,14 @@ def _diagnose_script(console: Console, args) -> int:
     from .diagnose.driver import build_report
 
     if args.steps < 1 or args.warmup < 1:
-        console.print(Text("--steps and --warmup must be at least 1 (a step of a script is "
-                           "timed from the end of the one before, so the first is never "
-                           "timed)", style="red"))  # fmt: skip
+        console.print(
+            Text(
+                "--steps and --warmup must be at least 1 (a step of a script is "
+                "timed from the end of the one before, so the first is never "
+                "timed)",
+                style="red",
+            )
+        )
         return 2
     if not os.path.isfile(args.script):
         console.print(Text(f"no such script: {args.script}", style="red"))
@@ -193,12 +213,19 @@ def _diagnose_script(console: Console, args) -> int:
             return 2
     sizes = _parse_sizes(args.sizes) if args.sizes else None
     if args.sizes and sizes is None:
-        console.print(Text(f"--sizes wants NAME=V1,V2 with two different numbers, got "
-                           f"{args.sizes!r}", style="red"))  # fmt: skip
+        console.print(
+            Text(
+                f"--sizes wants NAME=V1,V2 with two different numbers, got {args.sizes!r}",
+                style="red",
+            )
+        )
         return 2
     runs = []
-    variants = [_with_size(args.script_args, sizes[0], v) for v in sizes[3]] if sizes \
-        else [args.script_args]  # fmt: skip
+    variants = (
+        [_with_size(args.script_args, sizes[0], v) for v in sizes[3]]
+        if sizes
+        else [args.script_args]
+    )
     for script_args in variants:
         obs = StepObserver(args.steps, args.warmup)
         obs.run(args.script, script_args)
@@ -218,10 +245,18 @@ def _diagnose_script(console: Console, args) -> int:
         kw = dict(name=sizes[0], measured=(runs[0].peak, runs[1].peak) if obs.cuda else None)
         extra_findings, scaling = sc.find_scaling(*at, **kw), sc.fit(*at, **kw)
     ceil = hardware.ceilings("cuda" if obs.cuda else "cpu")
-    report = build_report(obs.recorder.graph, obs.op_ms, obs.times_ms, obs.peak, ceil,
-                          obs.captured_ms, extra_findings=extra_findings,
-                          scaling_ran=bool(sizes), timeline=obs.timeline,
-                          loader_lines=obs.loader_lines)  # fmt: skip
+    report = build_report(
+        obs.recorder.graph,
+        obs.op_ms,
+        obs.times_ms,
+        obs.peak,
+        ceil,
+        obs.captured_ms,
+        extra_findings=extra_findings,
+        scaling_ran=bool(sizes),
+        timeline=obs.timeline,
+        loader_lines=obs.loader_lines,
+    )
     if scaling is not None:  # shown whatever the exponent (a finding only when quadratic)
         report.step["memory_scaling"] = scaling
     if args.json:  # files first: the terminal rendering must never cost them

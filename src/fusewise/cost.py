@@ -40,8 +40,14 @@ def matmul(
     return Cost(2.0 * m * n * k, nbytes)
 
 
-def elementwise(numel: int, dtype: torch.dtype, *, n_inputs: int = 1, n_outputs: int = 1,
-                flops_per_element: float = 1.0) -> Cost:  # fmt: skip
+def elementwise(
+    numel: int,
+    dtype: torch.dtype,
+    *,
+    n_inputs: int = 1,
+    n_outputs: int = 1,
+    flops_per_element: float = 1.0,
+) -> Cost:
     return Cost(flops_per_element * numel, (n_inputs + n_outputs) * numel * itemsize(dtype))
 
 
@@ -51,8 +57,15 @@ _NORM_FLOPS_FWD = {"layer_norm": 8.0, "rms_norm": 5.0, "add_rms_norm": 6.0}
 _NORM_FLOPS_BWD = {"layer_norm": 12.0, "rms_norm": 9.0, "add_rms_norm": 10.0}
 
 
-def norm(kind: str, rows: int, cols: int, dtype: torch.dtype, *, backward: bool = False,
-         activations_only: bool = True) -> Cost:  # fmt: skip
+def norm(
+    kind: str,
+    rows: int,
+    cols: int,
+    dtype: torch.dtype,
+    *,
+    backward: bool = False,
+    activations_only: bool = True,
+) -> Cost:
     """Minimum traffic of a fused normalisation over [rows, cols].
 
     Byte model (activations, the term that matters when rows >> 1):
@@ -93,8 +106,14 @@ _ATTENTION = ("scaled_dot_product", "_flash_attention", "_efficient_attention")
 _GATHERS = ("aten.embedding.", "aten.index_select.", "aten.gather.", "aten.index.Tensor")
 
 
-def aten_op(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], *,
-            is_view: bool = False, written: set[int] = frozenset()) -> Cost:  # fmt: skip
+def aten_op(
+    name: str,
+    inputs: list[torch.Tensor],
+    outputs: list[torch.Tensor],
+    *,
+    is_view: bool = False,
+    written: set[int] = frozenset(),
+) -> Cost:
     """FLOPs and bytes of one aten op as it ran (as written: each tensor argument read once,
     each output written once; a view moves nothing). Matmuls count 2·m·n·k; attention kernels
     4·B·H·S_q·S_k·D; everything else one FLOP per element of its largest operand."""

@@ -43,26 +43,37 @@ def run(console: Console, *, steps: int = 7, warmup: int = 2) -> int:
         "step ms (median)", f"{before.step['median_ms']:.2f}", f"{after.step['median_ms']:.2f}"
     )
     if before.step.get("peak_memory_bytes"):
-        t.add_row("peak memory GB", f"{before.step['peak_memory_bytes'] / 1e9:.2f}",
-                  f"{after.step['peak_memory_bytes'] / 1e9:.2f}")  # fmt: skip
-    t.add_row("predicted saving ms (all findings)",
-              f"{sum(f.est_saving_ms for f in before.findings):.2f}",
-              f"{sum(f.est_saving_ms for f in after.findings):.2f}")  # fmt: skip
+        t.add_row(
+            "peak memory GB",
+            f"{before.step['peak_memory_bytes'] / 1e9:.2f}",
+            f"{after.step['peak_memory_bytes'] / 1e9:.2f}",
+        )
+    t.add_row(
+        "predicted saving ms (all findings)",
+        f"{sum(f.est_saving_ms for f in before.findings):.2f}",
+        f"{sum(f.est_saving_ms for f in after.findings):.2f}",
+    )
     keys = sorted({(f.kind, f.pattern or "") for r in reports.values() for f in r.findings})
     for kind, pattern in keys:
-        n = [sum(1 for f in r.findings if (f.kind, f.pattern or "") == (kind, pattern))
-             for r in (before, after)]  # fmt: skip
+        n = [
+            sum(1 for f in r.findings if (f.kind, f.pattern or "") == (kind, pattern))
+            for r in (before, after)
+        ]
         t.add_row(f"{kind} {pattern}".strip() + " findings", str(n[0]), str(n[1]))
     console.rule("[bold]before and after[/]")
     console.print(t)
     measured = before.step["median_ms"] - after.step["median_ms"]
-    console.print(f"measured saving {measured:.2f} ms per step; the predicted saving counts only "
-                  "avoidable memory traffic at the measured bandwidth (host overhead, launch gaps "
-                  "and compute are outside it).")  # fmt: skip
+    console.print(
+        f"measured saving {measured:.2f} ms per step; the predicted saving counts only "
+        "avoidable memory traffic at the measured bandwidth (host overhead, launch gaps "
+        "and compute are outside it)."
+    )
     if not gpu:
-        console.print("On the CPU, at this small size, the step is mostly matmuls and Python "
-                      "overhead, so the two times differ by little more than noise: the point "
-                      "here is what the diagnosis finds. On an H200 at realistic size the same "
-                      "demo went from 27.2 to 11.7 ms per step and 6.7 to 2.8 GB "
-                      "(benchmarks/results/h200_diagnose_demo.txt).")  # fmt: skip
+        console.print(
+            "On the CPU, at this small size, the step is mostly matmuls and Python "
+            "overhead, so the two times differ by little more than noise: the point "
+            "here is what the diagnosis finds. On an H200 at realistic size the same "
+            "demo went from 27.2 to 11.7 ms per step and 6.7 to 2.8 GB "
+            "(benchmarks/results/h200_diagnose_demo.txt)."
+        )
     return 0

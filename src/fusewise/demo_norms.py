@@ -46,9 +46,11 @@ def run(console: Console) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     gpu = device.type == "cuda"
     ceil = hardware.ceilings(device)
-    console.print(f"[bold]fusewise demo[/] on {escape(ceil.device_name)}: copy ceiling "
-                  f"{ceil.bandwidth_GBps:,.0f} GB/s, matmul {ceil.matmul_TFLOPs:,.1f} TFLOP/s, "
-                  f"ridge {ceil.ridge:,.0f} FLOP/byte ({ceil.source})")  # fmt: skip
+    console.print(
+        f"[bold]fusewise demo[/] on {escape(ceil.device_name)}: copy ceiling "
+        f"{ceil.bandwidth_GBps:,.0f} GB/s, matmul {ceil.matmul_TFLOPs:,.1f} TFLOP/s, "
+        f"ridge {ceil.ridge:,.0f} FLOP/byte ({ceil.source})"
+    )
     dtype = torch.bfloat16 if gpu else torch.float32
     m, n = (16384, 4096) if gpu else (4096, 1024)
     check_rows = m if gpu else 64  # the interpreter checks a slice; the GPU checks everything
@@ -80,9 +82,10 @@ def run(console: Console) -> int:
     for title, (kind, oracle, providers) in cases.items():
         c = cost.norm(kind, m, n, dtype)
         floor_ms = ceil.seconds_for_bytes(c.bytes) * 1e3
-        t = Table(title=f"{title}, x [{m}, {n}] {str(dtype).replace('torch.', '')}: a fused kernel "
-                  f"moves {c.bytes / 1e6:,.0f} MB, {floor_ms:.3f} ms at the copy ceiling"
-                  )  # fmt: skip
+        t = Table(
+            title=f"{title}, x [{m}, {n}] {str(dtype).replace('torch.', '')}: a fused kernel "
+            f"moves {c.bytes / 1e6:,.0f} MB, {floor_ms:.3f} ms at the copy ceiling"
+        )
         for col in ("provider", "ms", "GB/s", "% of ceiling", "error vs float64"):
             t.add_column(col, justify="left" if col == "provider" else "right")
         xs, rs = x[:check_rows], r[:check_rows]
@@ -91,14 +94,13 @@ def run(console: Console) -> int:
             err = _rel_err(fn(xs, rs), ref)
             with torch.no_grad():
                 interpreted = name.startswith("fusewise") and not gpu
-                ms = None if interpreted else _time_ms(lambda: fn(x, r), device)
+                ms = None if interpreted else _time_ms(lambda fn=fn: fn(x, r), device)
             if ms is None:
                 t.add_row(name, "interpreter", "-", "-", f"{err:.1e}")
             else:
                 gbps = c.bytes / ms / 1e6
                 pct = 100 * gbps / ceil.bandwidth_GBps
-                t.add_row(name, f"{ms:.3f}", f"{gbps:,.0f}", f"{pct:.0f}%",
-                          f"{err:.1e}")  # fmt: skip
+                t.add_row(name, f"{ms:.3f}", f"{gbps:,.0f}", f"{pct:.0f}%", f"{err:.1e}")
         console.print(t)
     console.print("paths taken:", ops.paths())
     if not gpu:

@@ -179,9 +179,15 @@ def ceilings(
     if key in cache and not refresh:
         c = cache[key]
         return Ceilings(
-            name, device.type, c["bandwidth_GBps"], c["matmul_TFLOPs"], "measured",
-            sheet_bw, sheet_mm, versions(),
-        )  # fmt: skip
+            name,
+            device.type,
+            c["bandwidth_GBps"],
+            c["matmul_TFLOPs"],
+            "measured",
+            sheet_bw,
+            sheet_mm,
+            versions(),
+        )
     with torch.device(device):
         bw, mm = measure_bandwidth(device), measure_matmul(device)
     cache[key] = {"bandwidth_GBps": bw, "matmul_TFLOPs": mm, "measured_at": time.time()}

@@ -44,16 +44,30 @@ class RMSNorm(torch.nn.RMSNorm):
 
 
 class LinearCrossEntropyLoss(torch.nn.Module):
-    """Module form of fusewise.ops.linear_cross_entropy: forward(hidden, weight, target, bias=None)."""
+    """Module form of fusewise.ops.linear_cross_entropy:
+    forward(hidden, weight, target, bias=None)."""
 
-    def __init__(self, *, ignore_index: int = -100, reduction: str = "mean",
-                 label_smoothing: float = 0.0, z_loss: float = 0.0,
-                 softcap: float | None = None, fp32_accumulate: bool = False,
-                 chunk_size: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+        z_loss: float = 0.0,
+        softcap: float | None = None,
+        fp32_accumulate: bool = False,
+        chunk_size: int | None = None,
+    ):
         super().__init__()
-        self.kw = dict(ignore_index=ignore_index, reduction=reduction,
-                       label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap,
-                       fp32_accumulate=fp32_accumulate, chunk_size=chunk_size)  # fmt: skip
+        self.kw = dict(
+            ignore_index=ignore_index,
+            reduction=reduction,
+            label_smoothing=label_smoothing,
+            z_loss=z_loss,
+            softcap=softcap,
+            fp32_accumulate=fp32_accumulate,
+            chunk_size=chunk_size,
+        )
 
     def forward(self, hidden, weight, target, bias=None):
         return ops.linear_cross_entropy(hidden, weight, target, bias, **self.kw)

@@ -31,9 +31,22 @@ _STATE_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 class AdamW(torch.optim.Optimizer):
     _step_supports_amp_scaling = True  # GradScaler hands us grad_scale / found_inf tensors
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, *, maximize=False, foreach=None, capturable=False,
-                 differentiable=False, fused=None, master_weights=False):  # fmt: skip
+    def __init__(
+        self,
+        params,
+        lr=1e-3,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        weight_decay=1e-2,
+        amsgrad=False,
+        *,
+        maximize=False,
+        foreach=None,
+        capturable=False,
+        differentiable=False,
+        fused=None,
+        master_weights=False,
+    ):
         """torch.optim.AdamW's arguments with torch's meanings, plus master_weights. foreach,
         capturable and fused choose torch's implementation: accepted, with a warning (once per
         process) that they have no effect, fusewise's step being always fused and capturable.
@@ -53,10 +66,20 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         # torch.optim.AdamW's group keys too (its defaults for the implementation choices), so a
         # state_dict loads into either optimizer
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                        maximize=maximize, foreach=None, capturable=False, differentiable=False,
-                        fused=None, decoupled_weight_decay=True,
-                        master_weights=master_weights)  # fmt: skip
+        defaults = dict(
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=amsgrad,
+            maximize=maximize,
+            foreach=None,
+            capturable=False,
+            differentiable=False,
+            fused=None,
+            decoupled_weight_decay=True,
+            master_weights=master_weights,
+        )
         super().__init__(params, defaults)
         self._buckets: dict = {}
         self._synced: dict = {}  # param -> (p._version, p.data_ptr()) when its master was in sync
@@ -131,10 +154,12 @@ class AdamW(torch.optim.Optimizer):
         if len(saved_groups) == len(self.param_groups):  # else torch's load raises
             saved_groups = [{**g, **saved} for g, saved in zip(self.param_groups, saved_groups)]
             state_dict = {**state_dict, "param_groups": saved_groups}
-        id_to_param = dict(zip(
-            itertools.chain.from_iterable(g["params"] for g in saved_groups),
-            itertools.chain.from_iterable(g["params"] for g in self.param_groups),
-        ))  # fmt: skip
+        id_to_param = dict(
+            zip(
+                itertools.chain.from_iterable(g["params"] for g in saved_groups),
+                itertools.chain.from_iterable(g["params"] for g in self.param_groups),
+            )
+        )
         super().load_state_dict(state_dict)
         for pid, saved in state_dict["state"].items():
             p = id_to_param.get(pid)
@@ -219,16 +244,29 @@ class AdamW(torch.optim.Optimizer):
         lr = group["lr"]
         if isinstance(lr, torch.Tensor):  # a CPU lr copied without a sync, as torch's fused
             lr = lr.to(p.device, non_blocking=True)
-        return dict(lr=lr, beta1=_host_float(beta1), beta2=_host_float(beta2), eps=group["eps"],
-                    weight_decay=group["weight_decay"], maximize=group["maximize"])  # fmt: skip
+        return dict(
+            lr=lr,
+            beta1=_host_float(beta1),
+            beta2=_host_float(beta2),
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            maximize=group["maximize"],
+        )
 
     def _reference_group(self, group, params, states, grad_scale, found_inf):
         for p, st in zip(params, states):
             reference.adamw_update(
-                p, p.grad, st["exp_avg"], st["exp_avg_sq"], st.get("max_exp_avg_sq"),
-                st.get("master_param"), st["step"], **self._hyper(group, p),
-                grad_scale=grad_scale, found_inf=found_inf,
-            )  # fmt: skip
+                p,
+                p.grad,
+                st["exp_avg"],
+                st["exp_avg_sq"],
+                st.get("max_exp_avg_sq"),
+                st.get("master_param"),
+                st["step"],
+                **self._hyper(group, p),
+                grad_scale=grad_scale,
+                found_inf=found_inf,
+            )
 
     def _fused_group(self, gi, group, params, states, grad_scale, found_inf):
         buckets: dict[tuple, list[int]] = {}
@@ -246,10 +284,19 @@ class AdamW(torch.optim.Optimizer):
             if bucket is None:
                 bucket = self._buckets[cache_key] = fused.Bucket([params[i].numel() for i in idx])
             fused.launch(
-                bucket, [rows[i] for i in idx], device, p_dtype=p_dtype, g_dtype=g_dtype,
-                s_dtype=s_dtype, **self._hyper(group, params[idx[0]]), amsgrad=group["amsgrad"],
-                master=master, grad_scale=grad_scale, found_inf=found_inf, aligned=aligned,
-            )  # fmt: skip
+                bucket,
+                [rows[i] for i in idx],
+                device,
+                p_dtype=p_dtype,
+                g_dtype=g_dtype,
+                s_dtype=s_dtype,
+                **self._hyper(group, params[idx[0]]),
+                amsgrad=group["amsgrad"],
+                master=master,
+                grad_scale=grad_scale,
+                found_inf=found_inf,
+                aligned=aligned,
+            )
 
 
 _NO_EFFECT = {"foreach": None, "capturable": False, "fused": None}  # torch's defaults
@@ -311,10 +358,15 @@ def _table_row(p, st) -> tuple[int, ...]:
     vmax = st.get("max_exp_avg_sq")
     master = st.get("master_param")
     return (
-        p.numel(), p.data_ptr(), p.grad.data_ptr(), st["exp_avg"].data_ptr(),
-        st["exp_avg_sq"].data_ptr(), vmax.data_ptr() if vmax is not None else 0,
-        master.data_ptr() if master is not None else 0, st["step"].data_ptr(),
-    )  # fmt: skip
+        p.numel(),
+        p.data_ptr(),
+        p.grad.data_ptr(),
+        st["exp_avg"].data_ptr(),
+        st["exp_avg_sq"].data_ptr(),
+        vmax.data_ptr() if vmax is not None else 0,
+        master.data_ptr() if master is not None else 0,
+        st["step"].data_ptr(),
+    )
 
 
 def _fits(t: torch.Tensor, shape, dtype, device) -> bool:
@@ -340,16 +392,22 @@ def _fitted(t: torch.Tensor, shape, dtype, device, what: str, copy: bool = False
 
 def _check_param(p: torch.Tensor) -> None:
     if p.is_complex():
-        raise TypeError("fusewise.optim.AdamW does not support complex parameters; "
-                        "view them as real (torch.view_as_real) first")  # fmt: skip
+        raise TypeError(
+            "fusewise.optim.AdamW does not support complex parameters; "
+            "view them as real (torch.view_as_real) first"
+        )
     if p.grad is not None and p.grad.is_sparse:
-        raise RuntimeError("fusewise.optim.AdamW does not support sparse gradients; "
-                           "use torch.optim.SparseAdam for those parameters")  # fmt: skip
+        raise RuntimeError(
+            "fusewise.optim.AdamW does not support sparse gradients; "
+            "use torch.optim.SparseAdam for those parameters"
+        )
     if p.grad is not None and (not p.is_contiguous() or not p.grad.is_contiguous()):
-        raise ValueError("fusewise.optim.AdamW needs contiguous parameters and gradients "
-                         f"(got a parameter of shape {tuple(p.shape)} with strides {p.stride()}"
-                         f" and a gradient with strides {p.grad.stride()}); make it contiguous "
-                         "(param.data = param.data.contiguous()) or give it to torch.optim.AdamW")  # fmt: skip
+        raise ValueError(
+            "fusewise.optim.AdamW needs contiguous parameters and gradients "
+            f"(got a parameter of shape {tuple(p.shape)} with strides {p.stride()}"
+            f" and a gradient with strides {p.grad.stride()}); make it contiguous "
+            "(param.data = param.data.contiguous()) or give it to torch.optim.AdamW"
+        )
     if p.grad is not None and p.grad.shape != p.shape:
         raise ValueError(
             f"fusewise.optim.AdamW: the gradient's shape {tuple(p.grad.shape)} is not the "

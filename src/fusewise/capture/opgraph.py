@@ -89,16 +89,28 @@ class OpGraph:
         return base
 
     def to_json(self) -> str:
-        return json.dumps({"ops": [asdict(o) for o in self.ops],
-                           "values": [asdict(v) for v in self.values.values()],
-                           "attention": self.attention})  # fmt: skip
+        return json.dumps(
+            {
+                "ops": [asdict(o) for o in self.ops],
+                "values": [asdict(v) for v in self.values.values()],
+                "attention": self.attention,
+            }
+        )
 
     @classmethod
     def from_json(cls, text: str) -> OpGraph:
         d = json.loads(text)
-        values = {v["vid"]: Value(v["vid"], tuple(v["shape"]), v["dtype"], v["nbytes"], v["obj"],
-                                  v.get("device", "cpu"))
-                  for v in d["values"]}  # fmt: skip
+        values = {
+            v["vid"]: Value(
+                v["vid"],
+                tuple(v["shape"]),
+                v["dtype"],
+                v["nbytes"],
+                v["obj"],
+                v.get("device", "cpu"),
+            )
+            for v in d["values"]
+        }
         return cls([OpRecord(**o) for o in d["ops"]], values, d.get("attention", []))
 
 
@@ -174,9 +186,12 @@ def _schema_of(func):
             or bool(schema.returns)
             and all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
         )
-        _SCHEMAS[func] = (name, [a.name for a in schema.arguments],
-                          [a.alias_info is not None and a.alias_info.is_write
-                           for a in schema.arguments], is_view)  # fmt: skip
+        _SCHEMAS[func] = (
+            name,
+            [a.name for a in schema.arguments],
+            [a.alias_info is not None and a.alias_info.is_write for a in schema.arguments],
+            is_view,
+        )
     return _SCHEMAS[func]
 
 
@@ -204,15 +219,23 @@ class _AttentionCalls(TorchFunctionMode):
         ops = self.rec.graph.ops[start:]
         q = args[0]
         mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
-        self.rec.graph.attention.append(dict(
-            where=user_line(), ops=[start, len(self.rec.graph.ops)],
-            kernel=next((op.name for op in ops if any(f in op.name for f in _FUSED_SDPA)), None),
-            shape=list(q.shape), dtype=str(q.dtype).replace("torch.", ""), device=q.device.type,
-            mask=None if mask is None else f"{str(mask.dtype).replace('torch.', '')} "
-                                           f"{list(mask.shape)}",
-            dropout=float(kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)),
-            is_causal=bool(kwargs.get("is_causal", args[5] if len(args) > 5 else False)),
-        ))  # fmt: skip
+        self.rec.graph.attention.append(
+            dict(
+                where=user_line(),
+                ops=[start, len(self.rec.graph.ops)],
+                kernel=next(
+                    (op.name for op in ops if any(f in op.name for f in _FUSED_SDPA)), None
+                ),
+                shape=list(q.shape),
+                dtype=str(q.dtype).replace("torch.", ""),
+                device=q.device.type,
+                mask=None
+                if mask is None
+                else f"{str(mask.dtype).replace('torch.', '')} {list(mask.shape)}",
+                dropout=float(kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)),
+                is_causal=bool(kwargs.get("is_causal", args[5] if len(args) > 5 else False)),
+            )
+        )
         return out
 
 
@@ -267,10 +290,14 @@ class Recorder:
         if fresh or t not in self._vid:
             obj = self.graph.values[self._vid[t]].obj if t in self._vid else self._next
             self._vid[t] = self._next
-            self.graph.values[self._next] = Value(self._next, tuple(t.shape),
-                                                  str(t.dtype).replace("torch.", ""),
-                                                  t.numel() * t.element_size(), obj,
-                                                  t.device.type)  # fmt: skip
+            self.graph.values[self._next] = Value(
+                self._next,
+                tuple(t.shape),
+                str(t.dtype).replace("torch.", ""),
+                t.numel() * t.element_size(),
+                obj,
+                t.device.type,
+            )
             self._next += 1
         return self._vid[t]
 
@@ -300,12 +327,18 @@ class Recorder:
             if is_write:
                 written.update(id(t) for t in tensors)
         inputs = [self._value(t) for t in flat_args]
-        outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
-                if isinstance(t, torch.Tensor)]  # fmt: skip
+        outs = [
+            t
+            for t in (out if isinstance(out, (tuple, list)) else (out,))
+            if isinstance(t, torch.Tensor)
+        ]
         # in-place and out= writes make a new value of the same tensor object
         out_ids = [self._value(t, fresh=id(t) in written or not is_view) for t in outs]
-        out_ids += [self._value(t, fresh=True) for t in flat_args
-                    if id(t) in written and all(t is not o for o in outs)]  # fmt: skip
+        out_ids += [
+            self._value(t, fresh=True)
+            for t in flat_args
+            if id(t) in written and all(t is not o for o in outs)
+        ]
         c = cost.aten_op(name, flat_args, outs, is_view=is_view, written=written)
         node = torch._C._current_autograd_node()
         if node is not None:
@@ -313,8 +346,11 @@ class Recorder:
         else:
             phase = "optimizer" if self._in_optimizer else "forward"
             where = user_line()
-        self.graph.ops.append(OpRecord(len(self.graph.ops), name, phase, inputs, out_ids,
-                                       c.flops, c.bytes, where, is_view))  # fmt: skip
+        self.graph.ops.append(
+            OpRecord(
+                len(self.graph.ops), name, phase, inputs, out_ids, c.flops, c.bytes, where, is_view
+            )
+        )
         if isinstance(timer, torch.cuda.Event):
             end = torch.cuda.Event(enable_timing=True)
             end.record()
@@ -323,8 +359,10 @@ class Recorder:
             self.graph.ops[-1].ms = (time.perf_counter() - timer) * 1e3
 
     def __enter__(self):
-        from torch.optim.optimizer import (register_optimizer_step_post_hook,
-                                           register_optimizer_step_pre_hook)  # fmt: skip
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
 
         def pre(*_):
             self._in_optimizer += 1

@@ -157,11 +157,15 @@ class StepObserver:
         (SystemExit, code in `self.exit_code`), "raised" (the exception in `self.error`, in step
         `self.ends + 1`) or "optimizers" (several optimizers end steps)."""
         global _active
-        from torch.optim.optimizer import (register_optimizer_step_post_hook,
-                                           register_optimizer_step_pre_hook)  # fmt: skip
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
 
-        hooks = [register_optimizer_step_pre_hook(self.optimizer_start),
-                 register_optimizer_step_post_hook(self.optimizer_end)]  # fmt: skip
+        hooks = [
+            register_optimizer_step_pre_hook(self.optimizer_start),
+            register_optimizer_step_post_hook(self.optimizer_end),
+        ]
         _active = self
         try:
             with _as_python_would(path, argv):
@@ -201,35 +205,50 @@ class StepObserver:
         """Why an incomplete run gave no diagnosis, in words: how the script ended, after how
         many steps, how many were needed, and (for an exception) the traceback with the
         runner's own frames left out."""
-        need = (f"the diagnosis needs {self.needed} (--warmup {self.warmup} + 2 x --steps "
-                f"{self.steps} + 1). A step ends at each optimizer.step() or "
-                f"fusewise.step()")  # fmt: skip
+        need = (
+            f"the diagnosis needs {self.needed} (--warmup {self.warmup} + 2 x --steps "
+            f"{self.steps} + 1). A step ends at each optimizer.step() or "
+            f"fusewise.step()"
+        )
         n = self.ends
         if self.ended == "optimizers":
             names = ", ".join(self._optimizers.values())
-            return (f"{script}: {len(self._optimizers)} optimizers ({names}) each ended steps, "
-                    f"so each optimizer.step() would end a diagnosis step and cut an iteration "
-                    f"in pieces. Call fusewise.step() at the end of each iteration: once a "
-                    f"script calls it, only it ends steps.")  # fmt: skip
+            return (
+                f"{script}: {len(self._optimizers)} optimizers ({names}) each ended steps, "
+                f"so each optimizer.step() would end a diagnosis step and cut an iteration "
+                f"in pieces. Call fusewise.step() at the end of each iteration: once a "
+                f"script calls it, only it ends steps."
+            )
         if self.ended == "raised":
             e = self.error
-            when = (f"in step {n + 1} ({self.phase(n + 1)})" if n
-                    else "before its first step ended (in start-up or step 1)")  # fmt: skip
+            when = (
+                f"in step {n + 1} ({self.phase(n + 1)})"
+                if n
+                else "before its first step ended (in start-up or step 1)"
+            )
             said = f": {e}" if str(e) else ""
             hint = ""
             if _profiler_clash(e):
-                hint = ("\nThe script runs torch.profiler itself, which cannot nest with the "
-                        "diagnosis' own profiler: diagnose it with its profiler off.")  # fmt: skip
-            return (f"{script} raised {type(e).__name__} {when}{_innermost_user_frame(e)}"
-                    f"{said}{hint}\n\n{_traceback(e)}")  # fmt: skip
+                hint = (
+                    "\nThe script runs torch.profiler itself, which cannot nest with the "
+                    "diagnosis' own profiler: diagnose it with its profiler off."
+                )
+            return (
+                f"{script} raised {type(e).__name__} {when}{_innermost_user_frame(e)}"
+                f"{said}{hint}\n\n{_traceback(e)}"
+            )
         if self.ended == "exit":
             head = f"{script} exited (sys.exit({self.exit_code!r})) after {n} step(s); {need}."
             if n == 0 and self.exit_code not in (0, None):
-                head += (" It stopped before its first step: check the arguments it was given "
-                         "(the script's own arguments go after --).")  # fmt: skip
+                head += (
+                    " It stopped before its first step: check the arguments it was given "
+                    "(the script's own arguments go after --)."
+                )
             return head
-        return (f"{script} ended after {n} step(s); {need}; lower --steps/--warmup or run the "
-                f"script longer.")  # fmt: skip
+        return (
+            f"{script} ended after {n} step(s); {need}; lower --steps/--warmup or run the "
+            f"script longer."
+        )
 
 
 @contextlib.contextmanager
@@ -275,8 +294,10 @@ def _is_user_module(module) -> bool:
 def _profiler_clash(e: BaseException) -> bool:
     """A RuntimeError raised inside torch's profiler (its text varies: "Profiler is already
     enabled on this thread", "Can't disable Kineto profiler when it's not running", ...)."""
-    profiler_code = (os.path.join(_TORCH_DIR, "profiler"), os.path.join(_TORCH_DIR, "autograd",
-                                                                        "profiler"))  # fmt: skip
+    profiler_code = (
+        os.path.join(_TORCH_DIR, "profiler"),
+        os.path.join(_TORCH_DIR, "autograd", "profiler"),
+    )
     frames = traceback.extract_tb(e.__traceback__)
     return isinstance(e, RuntimeError) and any(f.filename.startswith(profiler_code) for f in frames)
 

@@ -26,11 +26,19 @@ def _suspects(call: dict) -> list[tuple[str, str]]:
         out.append((f"an explicit attn_mask ({call['mask']}; the flash kernel takes none)", remedy))
     head_dim = call["shape"][-1] if call["shape"] else 0
     if head_dim % 8 or head_dim > 256:
-        out.append((f"head dim {head_dim} (fused kernels want a multiple of 8, at most 256)",
-                    "a head dim that is a multiple of 8"))  # fmt: skip
+        out.append(
+            (
+                f"head dim {head_dim} (fused kernels want a multiple of 8, at most 256)",
+                "a head dim that is a multiple of 8",
+            )
+        )
     if call["dropout"] and call.get("device") == "cpu":
-        out.append((f"dropout_p={call['dropout']} (the CPU's fused kernel takes none)",
-                    "dropout_p=0 on the CPU"))  # fmt: skip
+        out.append(
+            (
+                f"dropout_p={call['dropout']} (the CPU's fused kernel takes none)",
+                "dropout_p=0 on the CPU",
+            )
+        )
     return out
 
 
@@ -51,21 +59,30 @@ def find_attention_fallback(graph: OpGraph, ceil) -> list[Finding]:
         avoidable = max(0.0, written - minimum)
         suspects = _suspects(calls[0])
         remedies = "".join(f"{r}, " for _, r in suspects)
-        findings.append(Finding(
-            kind="attention-fallback", where=where,
-            est_saving_ms=avoidable / (ceil.bandwidth_GBps * 1e6), bytes_avoidable=avoidable,
-            title=f"scaled_dot_product_attention ran torch's math path ({len(calls)} call(s) per "
-                  f"step): scores and probabilities written out"
-                  + (f"; likely because of {', '.join(c for c, _ in suspects)}" if suspects
-                     else ""),
-            fix=f"make a fused backend possible ({remedies}or a call inside "
+        findings.append(
+            Finding(
+                kind="attention-fallback",
+                where=where,
+                est_saving_ms=avoidable / (ceil.bandwidth_GBps * 1e6),
+                bytes_avoidable=avoidable,
+                title=f"scaled_dot_product_attention ran torch's math path ({len(calls)} "
+                f"call(s) per step): scores and probabilities written out"
+                + (f"; likely because of {', '.join(c for c, _ in suspects)}" if suspects else ""),
+                fix=f"make a fused backend possible ({remedies}or a call inside "
                 "torch.nn.attention.sdpa_kernel that forces the math backend); run once under "
                 "sdpa_kernel(SDPBackend.FLASH_ATTENTION) or EFFICIENT_ATTENTION to have torch "
                 "say why it refuses",
-            evidence=dict(calls_per_step=len(calls), shape=calls[0]["shape"],
-                          dtype=calls[0]["dtype"], mask=calls[0]["mask"],
-                          bytes_as_written=written, fused_minimum_bytes=minimum,
-                          measured_ms=sum(op.ms for op in ops))))  # fmt: skip
+                evidence=dict(
+                    calls_per_step=len(calls),
+                    shape=calls[0]["shape"],
+                    dtype=calls[0]["dtype"],
+                    mask=calls[0]["mask"],
+                    bytes_as_written=written,
+                    fused_minimum_bytes=minimum,
+                    measured_ms=sum(op.ms for op in ops),
+                ),
+            )
+        )
     return findings
 
 

@@ -30,11 +30,23 @@ def top_ops(op_ms: dict[str, float], graph: OpGraph, ceilings, step_ms: float, n
         f, b = flops[name], nbytes[name]
         intensity = f / b if b else float("inf")
         bound = "memory" if intensity < ceilings.ridge else "compute"
-        achieved = (b / (ms * 1e-3) / 1e9 / ceilings.bandwidth_GBps if bound == "memory"
-                    else f / (ms * 1e-3) / 1e12 / ceilings.matmul_TFLOPs)  # fmt: skip
-        rows.append(dict(name=name, ms_per_step=ms, share=ms / step_ms if step_ms else 0.0,
-                         flops=f, bytes=b, intensity=intensity, bound=bound,
-                         pct_of_ceiling=100.0 * achieved))  # fmt: skip
+        achieved = (
+            b / (ms * 1e-3) / 1e9 / ceilings.bandwidth_GBps
+            if bound == "memory"
+            else f / (ms * 1e-3) / 1e12 / ceilings.matmul_TFLOPs
+        )
+        rows.append(
+            dict(
+                name=name,
+                ms_per_step=ms,
+                share=ms / step_ms if step_ms else 0.0,
+                flops=f,
+                bytes=b,
+                intensity=intensity,
+                bound=bound,
+                pct_of_ceiling=100.0 * achieved,
+            )
+        )
         if len(rows) == n:
             break
     return rows

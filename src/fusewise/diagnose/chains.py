@@ -24,19 +24,28 @@ from .findings import Finding
 
 MATMULS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default"}
 # bookkeeping ops that move no activation data worth fusing
-_IGNORED = ("aten._local_scalar_dense", "aten.detach", "aten.lift_fresh", "aten.ones_like",
-            "aten.zeros_like", "aten.empty", "aten.zeros", "aten.ones", "aten.full",
-            "aten.scalar_tensor")  # fmt: skip
+_IGNORED = (
+    "aten._local_scalar_dense",
+    "aten.detach",
+    "aten.lift_fresh",
+    "aten.ones_like",
+    "aten.zeros_like",
+    "aten.empty",
+    "aten.zeros",
+    "aten.ones",
+    "aten.full",
+    "aten.scalar_tensor",
+)
 
 FIXES = {
     "norm": "fusewise.ops.layer_norm / fusewise.ops.rms_norm (or fusewise.nn.LayerNorm / RMSNorm)",
     "optimizer": "fusewise.optim.AdamW (one fused pass), or torch.optim.AdamW(fused=True)",
     "cross-entropy": "compute the loss without materialising fp32 logits: torch.compile the "
-                     "loss, or a fused linear + cross-entropy",
+    "loss, or a fused linear + cross-entropy",
     "attention": "torch.nn.functional.scaled_dot_product_attention (flash / memory-efficient)",
     "elementwise": "torch.compile the function (Inductor fuses elementwise chains)",
     "other": "torch.compile the function, or a custom fused kernel",
-}  # fmt: skip
+}
 
 
 def _kind(op: OpRecord, ridge: float) -> str:
@@ -123,8 +132,11 @@ def _attach_matmuls(gr: _Graph, comp: set[int], kinds: dict[int, str]) -> set[in
         for j, v in links:
             if j is None or kinds.get(j) != "matmul" or gr.g.ops[j].phase != op.phase:
                 continue
-            others = sum(gr.nbytes(gr.resolve(u)) for u in gr.g.ops[j].inputs + gr.g.ops[j].outputs
-                         if gr.resolve(u) != v)  # fmt: skip
+            others = sum(
+                gr.nbytes(gr.resolve(u))
+                for u in gr.g.ops[j].inputs + gr.g.ops[j].outputs
+                if gr.resolve(u) != v
+            )
             if gr.nbytes(v) >= T.MATMUL_JOIN_RATIO * max(others, 1):
                 out.add(j)
     return out
@@ -140,8 +152,13 @@ def _pattern(ops: list[OpRecord]) -> str:
         return "attention"
     if ("rsqrt" in names or "sqrt" in names or ".var" in names) and ".mean" in names:
         return "norm"
-    if all(op.name not in MATMULS and "sum" not in op.name and "mean" not in op.name
-           and "max" not in op.name for op in ops):  # fmt: skip
+    if all(
+        op.name not in MATMULS
+        and "sum" not in op.name
+        and "mean" not in op.name
+        and "max" not in op.name
+        for op in ops
+    ):
         return "elementwise"
     return "other"
 
@@ -158,13 +175,24 @@ def chain_cost(gr: _Graph, chain: set[int]) -> tuple[float, float, int | None]:
     ext_in = read - produced
     values = gr.g.values
     # an output: read after the chain, or the last write to a tensor the chain did not create
-    ext_out = {v for v in produced if not gr.consumers[v] or gr.consumers[v] - chain
-               or (values[v].obj != v and values[v].obj not in produced
-                   and gr.last_of_obj[values[v].obj] == v)}  # fmt: skip
+    ext_out = {
+        v
+        for v in produced
+        if not gr.consumers[v]
+        or gr.consumers[v] - chain
+        or (
+            values[v].obj != v
+            and values[v].obj not in produced
+            and gr.last_of_obj[values[v].obj] == v
+        )
+    }
     internal = produced - ext_out
     minimum = sum(gr.nbytes(v) for v in ext_in | ext_out)
-    largest = max(internal, default=None,
-                  key=lambda v: (gr.nbytes(v), line_bytes[gr.g.ops[gr.producer[v]].where]))  # fmt: skip
+    largest = max(
+        internal,
+        default=None,
+        key=lambda v: (gr.nbytes(v), line_bytes[gr.g.ops[gr.producer[v]].where]),
+    )
     return written, minimum, largest
 
 
@@ -193,8 +221,9 @@ def find_chains(graph: OpGraph, ceilings) -> list[Finding]:
             else max(ops, key=lambda o: o.bytes)
         )
         key = (_pattern(ops), where_op.where, ops[0].phase)
-        m = merged.setdefault(key, dict(written=0.0, minimum=0.0, chains=0, ops=0,
-                                        largest=0, names=set(), ms=0.0))  # fmt: skip
+        m = merged.setdefault(
+            key, dict(written=0.0, minimum=0.0, chains=0, ops=0, largest=0, names=set(), ms=0.0)
+        )
         m["ms"] += sum(op.ms for op in ops)
         m["written"] += written
         m["minimum"] += minimum
@@ -215,18 +244,30 @@ def find_chains(graph: OpGraph, ceilings) -> list[Finding]:
             or m["written"] < T.CHAIN_MIN_RATIO * m["minimum"]
         ):
             continue
-        findings.append(Finding(
-            kind="fusion-chain", pattern=pattern, where=where,
-            title=f"{pattern} chain in the {phase}: {m['ops']} ops move "
-                  f"{m['written'] / 1e6:,.1f} MB where a fused kernel needs {m['minimum'] / 1e6:,.1f} MB",
-            est_saving_ms=avoidable / (bandwidth_GBps * 1e9) * 1e3, bytes_avoidable=avoidable,
-            fix=FIXES[pattern],
-            evidence=dict(phase=phase, chains=m["chains"], ops=m["ops"], bytes_as_written=m["written"],
-                          bytes_fused_minimum=m["minimum"], largest_intermediate_bytes=m["largest"],
-                          op_names=sorted(m["names"]),
-                          # the check on the prediction: what the unfused ops took in the recorded
-                          # step, and the fused kernel's floor at the measured bandwidth
-                          measured_ms_unfused=m["ms"],
-                          fused_floor_ms=m["minimum"] / (bandwidth_GBps * 1e9) * 1e3),
-        ))  # fmt: skip
+        findings.append(
+            Finding(
+                kind="fusion-chain",
+                pattern=pattern,
+                where=where,
+                title=f"{pattern} chain in the {phase}: {m['ops']} ops move "
+                f"{m['written'] / 1e6:,.1f} MB where a fused kernel needs "
+                f"{m['minimum'] / 1e6:,.1f} MB",
+                est_saving_ms=avoidable / (bandwidth_GBps * 1e9) * 1e3,
+                bytes_avoidable=avoidable,
+                fix=FIXES[pattern],
+                evidence=dict(
+                    phase=phase,
+                    chains=m["chains"],
+                    ops=m["ops"],
+                    bytes_as_written=m["written"],
+                    bytes_fused_minimum=m["minimum"],
+                    largest_intermediate_bytes=m["largest"],
+                    op_names=sorted(m["names"]),
+                    # the check on the prediction: what the unfused ops took in the recorded
+                    # step, and the fused kernel's floor at the measured bandwidth
+                    measured_ms_unfused=m["ms"],
+                    fused_floor_ms=m["minimum"] / (bandwidth_GBps * 1e9) * 1e3,
+                ),
+            )
+        )
     return sorted(findings, key=lambda f: -f.est_saving_ms)

@@ -38,8 +38,9 @@ def _sync(cuda: bool) -> None:
         torch.cuda.synchronize()
 
 
-def diagnose(step, steps: int = 5, warmup: int = 2, *, restore=(), ceilings=None,
-             top: int = 10) -> Report:  # fmt: skip
+def diagnose(
+    step, steps: int = 5, warmup: int = 2, *, restore=(), ceilings=None, top: int = 10
+) -> Report:
     """Run `step` (a zero-argument callable doing one training or inference step) and return a
     Report: baseline, top ops with roofline, and findings ranked by predicted saving."""
     if steps < 1 or warmup < 0:
@@ -78,8 +79,17 @@ def diagnose(step, steps: int = 5, warmup: int = 2, *, restore=(), ceilings=None
             captured_ms = (time.perf_counter() - t0) * 1e3
     finally:
         saved.put_back()
-    return build_report(rec.graph, op_ms, times, peak, ceil, captured_ms, top=top,
-                        timeline=timeline, loader_lines=batch_lines)  # fmt: skip
+    return build_report(
+        rec.graph,
+        op_ms,
+        times,
+        peak,
+        ceil,
+        captured_ms,
+        top=top,
+        timeline=timeline,
+        loader_lines=batch_lines,
+    )
 
 
 def _restorable(restore) -> list:
@@ -88,20 +98,25 @@ def _restorable(restore) -> list:
     if restore is None:
         return []
     if isinstance(restore, dict):
-        raise TypeError("restore= takes a list of objects, not a dict: pass "
-                        "list(your_dict.values())")  # fmt: skip
+        raise TypeError(
+            "restore= takes a list of objects, not a dict: pass list(your_dict.values())"
+        )
     objs = [restore] if hasattr(restore, "state_dict") else restore
     try:
         objs = list(objs)
     except TypeError:
         objs = [objs]
     for obj in objs:
-        if not (callable(getattr(obj, "state_dict", None))
-                and callable(getattr(obj, "load_state_dict", None))):  # fmt: skip
-            raise TypeError(f"restore= takes the objects whose state the diagnosis must put back "
-                            f"(model, optimizer, LR scheduler, GradScaler: anything with "
-                            f"state_dict() and load_state_dict()), as a list; got "
-                            f"{type(obj).__name__}")  # fmt: skip
+        if not (
+            callable(getattr(obj, "state_dict", None))
+            and callable(getattr(obj, "load_state_dict", None))
+        ):
+            raise TypeError(
+                f"restore= takes the objects whose state the diagnosis must put back "
+                f"(model, optimizer, LR scheduler, GradScaler: anything with "
+                f"state_dict() and load_state_dict()), as a list; got "
+                f"{type(obj).__name__}"
+            )
     return objs
 
 
@@ -120,8 +135,10 @@ class _Snapshot:
                 found = (p for g in getattr(obj, "param_groups", ()) for p in g["params"])
             params.update((id(p), p) for p in found)
         # (the gradient tensor itself too: references to it, e.g. DDP's bucket views, stay good)
-        self.grads = [(p, p.grad, None if p.grad is None else p.grad.detach().clone())
-                      for p in params.values()]  # fmt: skip
+        self.grads = [
+            (p, p.grad, None if p.grad is None else p.grad.detach().clone())
+            for p in params.values()
+        ]
         self.rng = _rng_state() if objs else None
 
     def put_back(self) -> None:
@@ -164,29 +181,51 @@ def op_times(prof, steps: int, cuda: bool) -> dict[str, float]:
     time for a CPU step (also when a GPU is present but the step never used it)."""
     events = prof.key_averages()
     on_device = cuda and sum(e.device_time_total for e in events) > 0
-    return {e.key: (e.device_time_total if on_device else e.self_cpu_time_total) / 1e3 / steps
-            for e in events}  # fmt: skip
+    return {
+        e.key: (e.device_time_total if on_device else e.self_cpu_time_total) / 1e3 / steps
+        for e in events
+    }
 
 
-def build_report(graph, op_ms: dict[str, float], times_ms: list[float], peak, ceil,
-                 captured_ms: float, *, top: int = 10, extra_findings=(),
-                 scaling_ran: bool = False, timeline=None,
-                 loader_lines=None) -> Report:  # fmt: skip
+def build_report(
+    graph,
+    op_ms: dict[str, float],
+    times_ms: list[float],
+    peak,
+    ceil,
+    captured_ms: float,
+    *,
+    top: int = 10,
+    extra_findings=(),
+    scaling_ran: bool = False,
+    timeline=None,
+    loader_lines=None,
+) -> Report:
     """Run the analyzers on what was observed and assemble the Report (also used by the CLI's
     script runner, which observes steps differently and may add the memory-scaling findings)."""
     median_ms = statistics.median(times_ms)
     steps = len(times_ms)
-    skipped = [] if scaling_ran else [
-        {"analysis": "memory-scaling", "reason": "needs the step at two sizes: "
-         "fusewise diagnose SCRIPT --sizes NAME=V1,V2"},
-    ]  # fmt: skip
+    skipped = (
+        []
+        if scaling_ran
+        else [
+            {
+                "analysis": "memory-scaling",
+                "reason": "needs the step at two sizes: "
+                "fusewise diagnose SCRIPT --sizes NAME=V1,V2",
+            },
+        ]
+    )
     findings = list(extra_findings)
-    for name, analyzer in (("fusion-chains", lambda: find_chains(graph, ceil)),
-                           ("quadratic-intermediates", lambda: find_quadratic(graph)),
-                           ("attention-fallback", lambda: find_attention_fallback(graph, ceil)),
-                           ("host-syncs and timeline gaps",
-                            lambda: find_gaps(timeline, graph, find_syncs(graph),
-                                              median_ms, loader_lines))):  # fmt: skip
+    for name, analyzer in (
+        ("fusion-chains", lambda: find_chains(graph, ceil)),
+        ("quadratic-intermediates", lambda: find_quadratic(graph)),
+        ("attention-fallback", lambda: find_attention_fallback(graph, ceil)),
+        (
+            "host-syncs and timeline gaps",
+            lambda: find_gaps(timeline, graph, find_syncs(graph), median_ms, loader_lines),
+        ),
+    ):
         try:
             findings += analyzer()
         except Exception as e:  # one analyzer's bug must not cost the user the whole report
@@ -194,14 +233,27 @@ def build_report(graph, op_ms: dict[str, float], times_ms: list[float], peak, ce
     findings.sort(key=lambda f: -f.est_saving_ms)
     if timeline is None:
         skipped.append(
-            {"analysis": "timeline gaps (launch overhead, sync idle, data loading, idle host)",
-             "reason": "no device activity in the profile (a CPU step)"})  # fmt: skip
+            {
+                "analysis": "timeline gaps (launch overhead, sync idle, data loading, idle host)",
+                "reason": "no device activity in the profile (a CPU step)",
+            }
+        )
     return Report(
-        device={"name": ceil.device_name, "type": ceil.device_type,
-                "bandwidth_GBps": ceil.bandwidth_GBps, "matmul_TFLOPs": ceil.matmul_TFLOPs,
-                "ridge": ceil.ridge},
-        step={"median_ms": median_ms, "peak_memory_bytes": peak, "steps_measured": steps,
-              "capture_overhead_ratio": captured_ms / median_ms if median_ms else None,
-              "ops_recorded": len(graph.ops)},
-        top=top_ops(op_ms, graph, ceil, median_ms, n=top), findings=findings, skipped=skipped,
-    )  # fmt: skip
+        device={
+            "name": ceil.device_name,
+            "type": ceil.device_type,
+            "bandwidth_GBps": ceil.bandwidth_GBps,
+            "matmul_TFLOPs": ceil.matmul_TFLOPs,
+            "ridge": ceil.ridge,
+        },
+        step={
+            "median_ms": median_ms,
+            "peak_memory_bytes": peak,
+            "steps_measured": steps,
+            "capture_overhead_ratio": captured_ms / median_ms if median_ms else None,
+            "ops_recorded": len(graph.ops),
+        },
+        top=top_ops(op_ms, graph, ceil, median_ms, n=top),
+        findings=findings,
+        skipped=skipped,
+    )

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-KINDS = ("fusion-chain", "quadratic-memory", "attention-fallback", "host-sync", "launch-overhead",
-         "data-loading", "idle-gap")  # fmt: skip
+KINDS = (
+    "fusion-chain",
+    "quadratic-memory",
+    "attention-fallback",
+    "host-sync",
+    "launch-overhead",
+    "data-loading",
+    "idle-gap",
+)
 PATTERNS = ("norm", "optimizer", "cross-entropy", "attention", "elementwise", "other")
 
 

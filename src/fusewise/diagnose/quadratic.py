@@ -10,8 +10,14 @@ from .findings import Finding
 
 # Only ops that make scores or probabilities: an elementwise op on a [B, S, d] activation would
 # match when d == S (seen on the H200 demo: d_model = seq = 1024 flagged the embedding add).
-_MAKERS = ("aten.bmm", "aten.mm", "aten.baddbmm", "aten._softmax", "aten.softmax",
-           "aten.masked_fill")  # fmt: skip
+_MAKERS = (
+    "aten.bmm",
+    "aten.mm",
+    "aten.baddbmm",
+    "aten._softmax",
+    "aten.softmax",
+    "aten.masked_fill",
+)
 
 
 def find_quadratic(graph: OpGraph) -> list[Finding]:
@@ -24,9 +30,12 @@ def find_quadratic(graph: OpGraph) -> list[Finding]:
             continue
         for vid in op.outputs:
             v = graph.values[vid]
-            if (len(v.shape) >= 3 and v.shape[-1] == v.shape[-2] >= T.QUADRATIC_MIN_SEQ
-                    and v.nbytes >= T.QUADRATIC_MIN_BYTES
-                    and (v.shape[-1], v.nbytes) not in shapes_seen):  # fmt: skip
+            if (
+                len(v.shape) >= 3
+                and v.shape[-1] == v.shape[-2] >= T.QUADRATIC_MIN_SEQ
+                and v.nbytes >= T.QUADRATIC_MIN_BYTES
+                and (v.shape[-1], v.nbytes) not in shapes_seen
+            ):
                 # bmm sees [B*H, S, S] where softmax sees [B, H, S, S]: the same tensor
                 shapes_seen.add((v.shape[-1], v.nbytes))
                 worst[op.where] = (v.nbytes, v.shape)
@@ -41,6 +50,6 @@ def find_quadratic(graph: OpGraph) -> list[Finding]:
             fix="scaled_dot_product_attention keeps attention linear in memory; check it runs a "
             "flash or memory-efficient backend (no explicit mask, supported dtype and head dim)",
             evidence=dict(shape=list(shape), bytes=nbytes),
-        )  # fmt: skip
+        )
         for where, (nbytes, shape) in sorted(worst.items(), key=lambda kv: -kv[1][0])
     ]

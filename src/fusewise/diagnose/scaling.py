@@ -57,8 +57,15 @@ def exponent(mem_a: float, size_a: float, mem_b: float, size_b: float) -> float:
     return math.log(mem_b / mem_a) / math.log(size_b / size_a)
 
 
-def fit(graph_a: OpGraph, size_a: float, graph_b: OpGraph, size_b: float, *,
-        name: str = "size", measured: tuple[float, float] | None = None) -> dict | None:
+def fit(
+    graph_a: OpGraph,
+    size_a: float,
+    graph_b: OpGraph,
+    size_b: float,
+    *,
+    name: str = "size",
+    measured: tuple[float, float] | None = None,
+) -> dict | None:
     """The fitted exponent of peak memory and what it comes from (the report shows it whatever
     its value), or None when a step allocated nothing."""
     return _fit(graph_a, size_a, graph_b, size_b, name, measured)[0]
@@ -70,16 +77,26 @@ def _fit(graph_a, size_a, graph_b, size_b, name, measured) -> tuple[dict | None,
     peak_b, largest = live_peak(graph_b)
     if peak_a <= 0 or peak_b <= 0 or size_a == size_b:
         return None, largest
-    evidence = dict(sizes={name: [size_a, size_b]}, live_peak_bytes=[peak_a, peak_b],
-                    exponent=round(exponent(peak_a, size_a, peak_b, size_b), 3))  # fmt: skip
+    evidence = dict(
+        sizes={name: [size_a, size_b]},
+        live_peak_bytes=[peak_a, peak_b],
+        exponent=round(exponent(peak_a, size_a, peak_b, size_b), 3),
+    )
     if measured:
         evidence["measured_peak_bytes"] = list(measured)
         evidence["measured_exponent"] = round(exponent(measured[0], size_a, measured[1], size_b), 3)
     return evidence, largest
 
 
-def find_scaling(graph_a: OpGraph, size_a: float, graph_b: OpGraph, size_b: float, *,
-                 name: str = "size", measured: tuple[float, float] | None = None) -> list[Finding]:  # fmt: skip
+def find_scaling(
+    graph_a: OpGraph,
+    size_a: float,
+    graph_b: OpGraph,
+    size_b: float,
+    *,
+    name: str = "size",
+    measured: tuple[float, float] | None = None,
+) -> list[Finding]:
     evidence, largest = _fit(graph_a, size_a, graph_b, size_b, name, measured)
     if evidence is None or evidence["exponent"] < QUADRATIC_EXPONENT:
         return []
@@ -89,13 +106,17 @@ def find_scaling(graph_a: OpGraph, size_a: float, graph_b: OpGraph, size_b: floa
     if largest is not None:
         where = next((op.where for op in graph_b.ops if largest in op.outputs), "?")
     v = graph_b.values[largest] if largest is not None else None
-    return [Finding(
-        kind="quadratic-memory", where=where, est_saving_ms=0.0,
-        bytes_avoidable=float(peak_b - peak_a * (size_b / size_a)),
-        title=f"peak memory grows as {name}^{k:.2f} ({peak_a / 1e6:,.1f} MB at {size_a:g}, "
-              f"{peak_b / 1e6:,.1f} MB at {size_b:g})"
-              + (f"; the largest live tensor is {list(v.shape)}" if v else ""),
-        fix="a fused attention path (scaled_dot_product_attention with a flash or "
+    return [
+        Finding(
+            kind="quadratic-memory",
+            where=where,
+            est_saving_ms=0.0,
+            bytes_avoidable=float(peak_b - peak_a * (size_b / size_a)),
+            title=f"peak memory grows as {name}^{k:.2f} ({peak_a / 1e6:,.1f} MB at {size_a:g}, "
+            f"{peak_b / 1e6:,.1f} MB at {size_b:g})"
+            + (f"; the largest live tensor is {list(v.shape)}" if v else ""),
+            fix="a fused attention path (scaled_dot_product_attention with a flash or "
             "memory-efficient backend) keeps memory linear in the sequence length",
-        evidence=evidence,
-    )]  # fmt: skip
+            evidence=evidence,
+        )
+    ]

@@ -2,7 +2,8 @@
 queue (a value read back: .item(), bool(t), float(t); a data-dependent shape: nonzero,
 masked_select, unique; a blocking copy to the CPU). Each is named with its line and counted per
 step. How long the GPU then sits idle comes from the timeline (timeline.find_gaps fills in
-est_saving_ms on a GPU); from the op graph alone it is 0 and the evidence says so. Stateless: (OpGraph) -> list[Finding].
+est_saving_ms on a GPU); from the op graph alone it is 0 and the evidence says so.
+Stateless: (OpGraph) -> list[Finding].
 """
 
 from __future__ import annotations
@@ -57,6 +58,6 @@ def find_syncs(graph: OpGraph) -> list[Finding]:
                 phase=e["phase"],
                 idle_time="not measured: needs a GPU timeline",
             ),
-        )  # fmt: skip
+        )
         for where, e in sorted(by_line.items(), key=lambda kv: -kv[1]["count"])
     ]

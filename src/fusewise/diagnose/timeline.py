@@ -25,8 +25,12 @@ from ..capture.opgraph import OpGraph
 from . import thresholds as T
 from .findings import Finding
 
-_SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
-               "cudaMemcpy")  # cudaMemcpy without Async blocks too  # fmt: skip
+_SYNC_CALLS = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+)  # cudaMemcpy without Async blocks too
 _LOADER = "enumerate(DataLoader)"
 
 
@@ -107,13 +111,19 @@ def classify(tl: Timeline) -> dict[str, list[tuple[float, float]]]:
 
 def _short_op_lines(graph: OpGraph, n: int = 3) -> list[tuple[str, int]]:
     """Lines that launch the most short ops (measured device time under SHORT_OP_US)."""
-    count = collections.Counter(op.where for op in graph.ops if not op.is_view and
-                                0 < op.ms * 1e3 < T.SHORT_OP_US)  # fmt: skip
+    count = collections.Counter(
+        op.where for op in graph.ops if not op.is_view and 0 < op.ms * 1e3 < T.SHORT_OP_US
+    )
     return count.most_common(n)
 
 
-def find_gaps(tl: Timeline | None, graph: OpGraph, syncs: list[Finding],
-              step_ms: float | None = None, loader_lines=None) -> list[Finding]:  # fmt: skip
+def find_gaps(
+    tl: Timeline | None,
+    graph: OpGraph,
+    syncs: list[Finding],
+    step_ms: float | None = None,
+    loader_lines=None,
+) -> list[Finding]:
     """Findings from the timeline, and `syncs` (the op graph's host-sync findings) returned with
     their measured idle time. Without a timeline (a CPU step) `syncs` comes back unchanged.
 
@@ -126,11 +136,13 @@ def find_gaps(tl: Timeline | None, graph: OpGraph, syncs: list[Finding],
     causes = classify(tl)
     window_ms = (tl.window[1] - tl.window[0]) / 1e3 / tl.steps
     scale = min(1.0, step_ms / window_ms) if step_ms else 1.0
-    per_step = {k: scale * sum(g1 - g0 for g0, g1 in v) / 1e3 / tl.steps
-                for k, v in causes.items()}  # fmt: skip
-    common = dict(profiled_step_ms=round(window_ms, 3), plain_step_ms=step_ms,
-                  idle_scaled_by=round(scale, 3),
-                  gpu_busy_ms_profiled=round(window_ms - sum(per_step.values()) / scale, 3))  # fmt: skip
+    per_step = {k: scale * sum(g1 - g0 for g0, g1 in v) / 1e3 / tl.steps for k, v in causes.items()}
+    common = dict(
+        profiled_step_ms=round(window_ms, 3),
+        plain_step_ms=step_ms,
+        idle_scaled_by=round(scale, 3),
+        gpu_busy_ms_profiled=round(window_ms - sum(per_step.values()) / scale, 3),
+    )
 
     def worth(ms: float) -> bool:
         return ms >= T.GAP_MIN_MS and ms >= T.GAP_MIN_SHARE * window_ms * scale
@@ -140,40 +152,66 @@ def find_gaps(tl: Timeline | None, graph: OpGraph, syncs: list[Finding],
     if worth(ms):
         lines = _short_op_lines(graph)
         gaps = causes["launch-overhead"]
-        out.append(Finding(
-            kind="launch-overhead", where=lines[0][0] if lines else "?", est_saving_ms=ms,
-            bytes_avoidable=0.0,
-            title=f"the GPU waits for kernel launches: {len(gaps) / tl.steps:.0f} short gaps "
-                  f"per step, {ms:.2f} ms in all",
-            fix="capture the step in a CUDA graph (torch.compile(mode='reduce-overhead'), "
+        out.append(
+            Finding(
+                kind="launch-overhead",
+                where=lines[0][0] if lines else "?",
+                est_saving_ms=ms,
+                bytes_avoidable=0.0,
+                title=f"the GPU waits for kernel launches: {len(gaps) / tl.steps:.0f} short gaps "
+                f"per step, {ms:.2f} ms in all",
+                fix="capture the step in a CUDA graph (torch.compile(mode='reduce-overhead'), "
                 "torch.cuda.graphs), or fuse the small ops so there are fewer launches",
-            evidence=dict(common, gaps_per_step=len(gaps) / tl.steps,
-                          median_gap_us=sorted(g1 - g0 for g0, g1 in gaps)[len(gaps) // 2],
-                          kernels_per_step=len(tl.device) / tl.steps,
-                          lines_with_most_short_ops=[f"{w} ({c})" for w, c in lines])))  # fmt: skip
+                evidence=dict(
+                    common,
+                    gaps_per_step=len(gaps) / tl.steps,
+                    median_gap_us=sorted(g1 - g0 for g0, g1 in gaps)[len(gaps) // 2],
+                    kernels_per_step=len(tl.device) / tl.steps,
+                    lines_with_most_short_ops=[f"{w} ({c})" for w, c in lines],
+                ),
+            )
+        )
     ms = per_step.get("data-loading", 0.0)
     if worth(ms):
         lines = (loader_lines or {}).items()
         where = max(lines, key=lambda kv: kv[1])[0] if lines else "?"
-        out.append(Finding(
-            kind="data-loading", where=where, est_saving_ms=ms, bytes_avoidable=0.0,
-            title=f"the GPU waits {ms:.2f} ms per step for the DataLoader",
-            fix="DataLoader(num_workers > 0, pin_memory=True, persistent_workers=True), "
+        out.append(
+            Finding(
+                kind="data-loading",
+                where=where,
+                est_saving_ms=ms,
+                bytes_avoidable=0.0,
+                title=f"the GPU waits {ms:.2f} ms per step for the DataLoader",
+                fix="DataLoader(num_workers > 0, pin_memory=True, persistent_workers=True), "
                 "prefetch the next batch, or move preprocessing onto the GPU",
-            evidence=dict(common, waits_per_step=len(causes["data-loading"]) / tl.steps,
-                          batches_taken_at=dict(loader_lines or {}))))  # fmt: skip
+                evidence=dict(
+                    common,
+                    waits_per_step=len(causes["data-loading"]) / tl.steps,
+                    batches_taken_at=dict(loader_lines or {}),
+                ),
+            )
+        )
     ms = per_step.get("idle-gap", 0.0)
     if worth(ms):
         gaps = sorted(causes["idle-gap"], key=lambda g: g[0] - g[1])[:3]
         during = [_host_op_during(tl, g0, g1) or "Python (no aten op)" for g0, g1 in gaps]
-        out.append(Finding(
-            kind="idle-gap", where="?", est_saving_ms=ms, bytes_avoidable=0.0,
-            title=f"the GPU is idle {ms:.2f} ms per step while the host does other work",
-            fix="move host work off the step's critical path (another thread, fewer Python "
+        out.append(
+            Finding(
+                kind="idle-gap",
+                where="?",
+                est_saving_ms=ms,
+                bytes_avoidable=0.0,
+                title=f"the GPU is idle {ms:.2f} ms per step while the host does other work",
+                fix="move host work off the step's critical path (another thread, fewer Python "
                 "loops per step) or overlap it with GPU work",
-            evidence=dict(common, gaps_per_step=len(causes["idle-gap"]) / tl.steps,
-                          largest_gaps_us=[round(g1 - g0, 1) for g0, g1 in gaps],
-                          host_during_largest=during)))  # fmt: skip
+                evidence=dict(
+                    common,
+                    gaps_per_step=len(causes["idle-gap"]) / tl.steps,
+                    largest_gaps_us=[round(g1 - g0, 1) for g0, g1 in gaps],
+                    host_during_largest=during,
+                ),
+            )
+        )
     return out + _with_sync_idle(syncs, per_step.get("host-sync", 0.0), tl, common)
 
 
@@ -189,11 +227,17 @@ def _with_sync_idle(syncs, idle_ms, tl, common) -> list[Finding]:
         out.append(dataclasses.replace(f, est_saving_ms=share, evidence=ev))
     if not syncs and idle_ms >= T.GAP_MIN_MS:
         names = sorted({n for _, _, n in tl.syncs})
-        out.append(Finding(
-            kind="host-sync", where="?", est_saving_ms=idle_ms, bytes_avoidable=0.0,
-            title=f"the host waits for the GPU ({', '.join(names)}) and the GPU then idles "
-                  f"{idle_ms:.2f} ms per step",
-            fix="remove explicit synchronisation from the step (torch.cuda.synchronize, "
+        out.append(
+            Finding(
+                kind="host-sync",
+                where="?",
+                est_saving_ms=idle_ms,
+                bytes_avoidable=0.0,
+                title=f"the host waits for the GPU ({', '.join(names)}) and the GPU then idles "
+                f"{idle_ms:.2f} ms per step",
+                fix="remove explicit synchronisation from the step (torch.cuda.synchronize, "
                 "blocking copies); keep values on the GPU",
-            evidence=dict(common, sync_calls_per_step=len(tl.syncs) / tl.steps)))  # fmt: skip
+                evidence=dict(common, sync_calls_per_step=len(tl.syncs) / tl.steps),
+            )
+        )
     return out

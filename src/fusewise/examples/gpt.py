@@ -107,8 +107,8 @@ class GPT(nn.Module):
 VARIANTS = ("naive", "clean", "fusewise")
 
 
-def make_step(c: GPTConfig | None = None, *, variant: str = "naive", device="cpu",
-              dtype=torch.float32):  # fmt: skip
+# tests/data's golden op graphs name lines of this file: an edit above a step line moves them
+def make_step(c: GPTConfig | None = None, *, variant="naive", device="cpu", dtype=torch.float32):
     """(step, model, optimizer): step() runs forward, backward and the optimizer once."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")

@@ -5,5 +5,11 @@ from .layer_norm import layer_norm
 from .linear_cross_entropy import linear_cross_entropy
 from .rms_norm import add_rms_norm, rms_norm
 
-__all__ = ["layer_norm", "rms_norm", "add_rms_norm", "linear_cross_entropy", "paths",
-           "FusewiseFallbackError"]  # fmt: skip
+__all__ = [
+    "layer_norm",
+    "rms_norm",
+    "add_rms_norm",
+    "linear_cross_entropy",
+    "paths",
+    "FusewiseFallbackError",
+]

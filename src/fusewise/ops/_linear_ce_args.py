@@ -16,8 +16,19 @@ from torch import Tensor
 REDUCTIONS = ("mean", "sum", "none")
 
 
-def check_args(hidden, weight, target, bias, ignore_index, reduction, label_smoothing, z_loss,
-               softcap, fp32_accumulate, chunk_size):  # fmt: skip
+def check_args(
+    hidden,
+    weight,
+    target,
+    bias,
+    ignore_index,
+    reduction,
+    label_smoothing,
+    z_loss,
+    softcap,
+    fp32_accumulate,
+    chunk_size,
+):
     """Raise on a wrong argument; else return opts = (ignore_index, label_smoothing, z_loss,
     softcap) and cfg = (fp32_accumulate, chunk_size, 0 for the default) as Python numbers."""
     _check_tensors(hidden, weight, target, bias)
@@ -33,8 +44,10 @@ def check_args(hidden, weight, target, bias, ignore_index, reduction, label_smoo
     if chunk_size is not None:
         chunk_size = _integer("chunk_size", chunk_size)
         if chunk_size < 1:
-            raise ValueError(f"chunk_size must be a positive int (tokens per chunk) or None for "
-                             f"the default, got {chunk_size}")  # fmt: skip
+            raise ValueError(
+                f"chunk_size must be a positive int (tokens per chunk) or None for "
+                f"the default, got {chunk_size}"
+            )
     return (ignore_index, smoothing, z_loss, softcap), (fp32_accumulate, chunk_size or 0)
 
 
@@ -44,9 +57,11 @@ def check_targets(target: Tensor, ignore_index: int, v: int) -> None:
     if bad.any():
         where = bad.nonzero()[0].tolist()  # [] for a 0-d target
         index = f"[{', '.join(map(str, where))}]" if where else ""
-        raise ValueError(f"target{index} = {int(target[bad][0])} is outside [0, {v}) and is not "
-                         f"ignore_index ({ignore_index}): fix the label, or set it to "
-                         f"ignore_index to leave the token out")  # fmt: skip
+        raise ValueError(
+            f"target{index} = {int(target[bad][0])} is outside [0, {v}) and is not "
+            f"ignore_index ({ignore_index}): fix the label, or set it to "
+            f"ignore_index to leave the token out"
+        )
 
 
 def _check_tensors(hidden, weight, target, bias):
@@ -57,27 +72,38 @@ def _check_tensors(hidden, weight, target, bias):
         if not t.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
     if hidden.dim() == 0:
-        raise ValueError("hidden must be [N, d] or [B, T, d] (any [..., d]; [d] for one token), "
-                         "got a 0-d tensor")  # fmt: skip
+        raise ValueError(
+            "hidden must be [N, d] or [B, T, d] (any [..., d]; [d] for one token), got a 0-d tensor"
+        )
     if weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
-        raise ValueError(f"weight must be [V, d] with d = hidden.shape[-1] = {hidden.shape[-1]}, "
-                         f"got {tuple(weight.shape)}")  # fmt: skip
+        raise ValueError(
+            f"weight must be [V, d] with d = hidden.shape[-1] = {hidden.shape[-1]}, "
+            f"got {tuple(weight.shape)}"
+        )
     if weight.shape[0] == 0:
         raise ValueError("weight must have at least one row (one per class), got 0 rows")
     if hidden.dtype != weight.dtype:
-        raise TypeError(f"hidden and weight must share a dtype, got {hidden.dtype} and "
-                        f"{weight.dtype}: cast with hidden.to(weight.dtype)")  # fmt: skip
+        raise TypeError(
+            f"hidden and weight must share a dtype, got {hidden.dtype} and "
+            f"{weight.dtype}: cast with hidden.to(weight.dtype)"
+        )
     if target.dtype not in (torch.int64, torch.int32) or target.shape != hidden.shape[:-1]:
-        raise ValueError(f"target must be an integer tensor (int64 or int32) of shape "
-                         f"hidden.shape[:-1] = {tuple(hidden.shape[:-1])}, one class per token, "
-                         f"got {target.dtype} {tuple(target.shape)}")  # fmt: skip
+        raise ValueError(
+            f"target must be an integer tensor (int64 or int32) of shape "
+            f"hidden.shape[:-1] = {tuple(hidden.shape[:-1])}, one class per token, "
+            f"got {target.dtype} {tuple(target.shape)}"
+        )
     if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != weight.dtype):
-        raise ValueError(f"bias must be [{weight.shape[0]}] in {weight.dtype} (one per row of "
-                         f"weight), got {bias.dtype} {tuple(bias.shape)}")  # fmt: skip
+        raise ValueError(
+            f"bias must be [{weight.shape[0]}] in {weight.dtype} (one per row of "
+            f"weight), got {bias.dtype} {tuple(bias.shape)}"
+        )
     for name, t in (("weight", weight), ("target", target), ("bias", bias)):
         if t is not None and t.device != hidden.device:
-            raise ValueError(f"{name} is on {t.device} but hidden is on {hidden.device}; move "
-                             f"them to the same device")  # fmt: skip
+            raise ValueError(
+                f"{name} is on {t.device} but hidden is on {hidden.device}; move "
+                f"them to the same device"
+            )
 
 
 def _is_bool(x) -> bool:

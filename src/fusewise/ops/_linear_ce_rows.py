@@ -47,10 +47,28 @@ def _tanh(x):
 
 
 @triton.jit
-def _ce_row(z_ptr, stride_z, tgt_ptr, stride_t, loss_ptr, lse_ptr, scale_ptr, stride_s, row,
-            row_ok, V, ignore_index, smoothing, z_loss, softcap, HAS_SOFTCAP: tl.constexpr,
-            SMOOTH: tl.constexpr, WRITE_GRAD: tl.constexpr, SCALE_PER_ROW: tl.constexpr,
-            BLOCK: tl.constexpr):  # fmt: skip
+def _ce_row(
+    z_ptr,
+    stride_z,
+    tgt_ptr,
+    stride_t,
+    loss_ptr,
+    lse_ptr,
+    scale_ptr,
+    stride_s,
+    row,
+    row_ok,
+    V,
+    ignore_index,
+    smoothing,
+    z_loss,
+    softcap,
+    HAS_SOFTCAP: tl.constexpr,
+    SMOOTH: tl.constexpr,
+    WRITE_GRAD: tl.constexpr,
+    SCALE_PER_ROW: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     base = z_ptr + row.to(tl.int64) * stride_z
     tgt = tl.load(tgt_ptr + row.to(tl.int64) * stride_t, mask=row_ok, other=ignore_index)
     valid = tgt != ignore_index
@@ -108,18 +126,55 @@ def _ce_row(z_ptr, stride_z, tgt_ptr, stride_t, loss_ptr, lse_ptr, scale_ptr, st
 
 
 @triton.jit
-def _ce_rows_kernel(z_ptr, stride_z, tgt_ptr, stride_t, loss_ptr, lse_ptr, scale_ptr, stride_s,
-                    rows, V, ignore_index, smoothing, z_loss, softcap, rows_per_program,
-                    n_programs, HAS_SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr,
-                    WRITE_GRAD: tl.constexpr, SCALE_PER_ROW: tl.constexpr,
-                    BLOCK: tl.constexpr):  # fmt: skip
+def _ce_rows_kernel(
+    z_ptr,
+    stride_z,
+    tgt_ptr,
+    stride_t,
+    loss_ptr,
+    lse_ptr,
+    scale_ptr,
+    stride_s,
+    rows,
+    V,
+    ignore_index,
+    smoothing,
+    z_loss,
+    softcap,
+    rows_per_program,
+    n_programs,
+    HAS_SOFTCAP: tl.constexpr,
+    SMOOTH: tl.constexpr,
+    WRITE_GRAD: tl.constexpr,
+    SCALE_PER_ROW: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Persistent: program p takes rows p, p + P, ... (P programs in all)."""
     pid = tl.program_id(0)
     for i in range(0, rows_per_program):
         row = pid + i * n_programs
-        _ce_row(z_ptr, stride_z, tgt_ptr, stride_t, loss_ptr, lse_ptr, scale_ptr, stride_s, row,
-                row < rows, V, ignore_index, smoothing, z_loss, softcap, HAS_SOFTCAP, SMOOTH,
-                WRITE_GRAD, SCALE_PER_ROW, BLOCK)  # fmt: skip
+        _ce_row(
+            z_ptr,
+            stride_z,
+            tgt_ptr,
+            stride_t,
+            loss_ptr,
+            lse_ptr,
+            scale_ptr,
+            stride_s,
+            row,
+            row < rows,
+            V,
+            ignore_index,
+            smoothing,
+            z_loss,
+            softcap,
+            HAS_SOFTCAP,
+            SMOOTH,
+            WRITE_GRAD,
+            SCALE_PER_ROW,
+            BLOCK,
+        )
 
 
 @triton.jit
@@ -152,20 +207,38 @@ def ce_rows_triton(z, target, loss, lse, scale, opts):
     per_row = write_grad and scale.numel() > 1
     scale = scale if write_grad else lse  # a placeholder: not read without WRITE_GRAD
     _ce_rows_kernel[(programs,)](
-        z, z.stride(0), target, target.stride(0), loss, lse, scale, scale.stride(0), rows, v,
-        ignore_index, smoothing, z_loss, softcap or 1.0, triton.cdiv(rows, programs), programs,
-        HAS_SOFTCAP=softcap is not None, SMOOTH=smoothing != 0.0, WRITE_GRAD=write_grad,
-        SCALE_PER_ROW=per_row, BLOCK=block,
+        z,
+        z.stride(0),
+        target,
+        target.stride(0),
+        loss,
+        lse,
+        scale,
+        scale.stride(0),
+        rows,
+        v,
+        ignore_index,
+        smoothing,
+        z_loss,
+        softcap or 1.0,
+        triton.cdiv(rows, programs),
+        programs,
+        HAS_SOFTCAP=softcap is not None,
+        SMOOTH=smoothing != 0.0,
+        WRITE_GRAD=write_grad,
+        SCALE_PER_ROW=per_row,
+        BLOCK=block,
         num_warps=ROW_WARPS if block >= 2048 else 4,
-    )  # fmt: skip
+    )
 
 
 def scale_into(src, dst, g):
     """dst = src * g (g a one-element device tensor), one rounding; contiguous, same numel."""
     n = src.numel()
     if n:
-        _scale_kernel[(triton.cdiv(n, SCALE_BLOCK),)](src, dst, g, n, BLOCK=SCALE_BLOCK,
-                                                      num_warps=8)  # fmt: skip
+        _scale_kernel[(triton.cdiv(n, SCALE_BLOCK),)](
+            src, dst, g, n, BLOCK=SCALE_BLOCK, num_warps=8
+        )
     return dst
 
 

@@ -20,8 +20,9 @@ from ._triton_utils import round_to as _round
 
 
 @triton.jit
-def _load_row_tile(X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES: tl.constexpr,
-                   STORE_H: tl.constexpr):  # fmt: skip
+def _load_row_tile(
+    X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES: tl.constexpr, STORE_H: tl.constexpr
+):
     """Load x (or x + residual, rounded to the activation dtype and optionally stored) as fp32."""
     rows64 = rows.to(tl.int64)
     x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
@@ -35,10 +36,27 @@ def _load_row_tile(X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES: tl
 
 
 @triton.jit
-def norm_fwd_block_kernel(X, R, W, B, Y, H, Mean, Rstd, M, N, stride_x, stride_r, eps,
-                          IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                          HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr):  # fmt: skip
+def norm_fwd_block_kernel(
+    X,
+    R,
+    W,
+    B,
+    Y,
+    H,
+    Mean,
+    Rstd,
+    M,
+    N,
+    stride_x,
+    stride_r,
+    eps,
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """Reads x [M, N] (and residual) once, writes y (and h) once, plus rstd (and mean) per row."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -65,9 +83,25 @@ def norm_fwd_block_kernel(X, R, W, B, Y, H, Mean, Rstd, M, N, stride_x, stride_r
 
 
 @triton.jit
-def norm_fwd_wide_kernel(X, R, W, B, Y, H, Mean, Rstd, N, stride_x, stride_r, eps,
-                         IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                         HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+def norm_fwd_wide_kernel(
+    X,
+    R,
+    W,
+    B,
+    Y,
+    H,
+    Mean,
+    Rstd,
+    N,
+    stride_x,
+    stride_r,
+    eps,
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """One program per row of any width: chunked single-pass statistics, then a reverse pass."""
     row = tl.program_id(0)
     rows = tl.full([1], 0, tl.int32) + row
@@ -124,8 +158,20 @@ def _dx_tile(x, dy, w, mean, rstd, mask, N, IS_RMS: tl.constexpr, HAS_W: tl.cons
 
 
 @triton.jit
-def _load_bwd_tile(X, DY, Mean, Rstd, tile, M, stride_x, stride_dy, cols, col_ok,
-                   IS_RMS: tl.constexpr, BLOCK_M: tl.constexpr):  # fmt: skip
+def _load_bwd_tile(
+    X,
+    DY,
+    Mean,
+    Rstd,
+    tile,
+    M,
+    stride_x,
+    stride_dy,
+    cols,
+    col_ok,
+    IS_RMS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # tiles past the end are fully masked off
     row_ok = rows < M
     mask = row_ok[:, None] & col_ok[None, :]
@@ -138,11 +184,31 @@ def _load_bwd_tile(X, DY, Mean, Rstd, tile, M, stride_x, stride_dy, cols, col_ok
 
 
 @triton.jit
-def norm_bwd_block_kernel(X, W, DY, DH, DX, Mean, Rstd, DW_part, DB_part, M, N, stride_x,
-                          stride_dy, stride_dh, n_programs, tiles_per_program,
-                          IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                          HAS_DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          PREFETCH: tl.constexpr):  # fmt: skip
+def norm_bwd_block_kernel(
+    X,
+    W,
+    DY,
+    DH,
+    DX,
+    Mean,
+    Rstd,
+    DW_part,
+    DB_part,
+    M,
+    N,
+    stride_x,
+    stride_dy,
+    stride_dh,
+    n_programs,
+    tiles_per_program,
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    HAS_DH: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
     """Persistent: program p takes row tiles p, p+P, ...; writes dx, and its fp32 partial sums
     of dy·x̂ and dy into row p of DW_part / DB_part (summed afterwards: deterministic, no atomics).
     Reads x and dy once, writes dx once."""
@@ -157,18 +223,31 @@ def norm_bwd_block_kernel(X, W, DY, DH, DX, Mean, Rstd, DW_part, DB_part, M, N, 
     # software prefetch: the next tile's loads (statistics too) are in flight while this tile is
     # computed; a persistent program otherwise idles on every load. Off for the widest blocks,
     # where the second set of registers spills (seen: 5% of the copy ceiling at N=16384).
-    nxt = _load_bwd_tile(X, DY, Mean, Rstd, pid, M, stride_x, stride_dy, cols, col_ok, IS_RMS,
-                         BLOCK_M)  # fmt: skip
+    nxt = _load_bwd_tile(
+        X, DY, Mean, Rstd, pid, M, stride_x, stride_dy, cols, col_ok, IS_RMS, BLOCK_M
+    )
     for i in range(0, tiles_per_program):
         tile = pid + i * n_programs
         if PREFETCH:
             x_raw, dy_raw, mean, rstd = nxt
-            nxt = _load_bwd_tile(X, DY, Mean, Rstd, tile + n_programs, M, stride_x, stride_dy,
-                                 cols, col_ok, IS_RMS, BLOCK_M)  # fmt: skip
+            nxt = _load_bwd_tile(
+                X,
+                DY,
+                Mean,
+                Rstd,
+                tile + n_programs,
+                M,
+                stride_x,
+                stride_dy,
+                cols,
+                col_ok,
+                IS_RMS,
+                BLOCK_M,
+            )
         else:
-            x_raw, dy_raw, mean, rstd = _load_bwd_tile(X, DY, Mean, Rstd, tile, M, stride_x,
-                                                       stride_dy, cols, col_ok, IS_RMS,
-                                                       BLOCK_M)  # fmt: skip
+            x_raw, dy_raw, mean, rstd = _load_bwd_tile(
+                X, DY, Mean, Rstd, tile, M, stride_x, stride_dy, cols, col_ok, IS_RMS, BLOCK_M
+            )
         x, dy = x_raw.to(tl.float32), dy_raw.to(tl.float32)
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         mask = (rows < M)[:, None] & col_ok[None, :]
@@ -190,9 +269,23 @@ def norm_bwd_block_kernel(X, W, DY, DH, DX, Mean, Rstd, DW_part, DB_part, M, N, 
 
 
 @triton.jit
-def norm_bwd_wide_dx_kernel(X, W, DY, DH, DX, Mean, Rstd, N, stride_x, stride_dy, stride_dh,
-                            IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_DH: tl.constexpr,
-                            BLOCK_N: tl.constexpr):  # fmt: skip
+def norm_bwd_wide_dx_kernel(
+    X,
+    W,
+    DY,
+    DH,
+    DX,
+    Mean,
+    Rstd,
+    N,
+    stride_x,
+    stride_dy,
+    stride_dh,
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_DH: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """One program per row of any width: sums of x̂·w·dy and w·dy, then dx in a reverse pass."""
     row = tl.program_id(0)
     rows = tl.full([1], 0, tl.int32) + row
@@ -237,10 +330,24 @@ def norm_bwd_wide_dx_kernel(X, W, DY, DH, DX, Mean, Rstd, N, stride_x, stride_dy
 
 
 @triton.jit
-def norm_bwd_wide_dw_kernel(X, DY, Mean, Rstd, DW_part, DB_part, M, N, stride_x, stride_dy,
-                            ROWS_PER_PROG, IS_RMS: tl.constexpr, HAS_W: tl.constexpr,
-                            HAS_B: tl.constexpr, BLOCK_M: tl.constexpr,
-                            BLOCK_N: tl.constexpr):  # fmt: skip
+def norm_bwd_wide_dw_kernel(
+    X,
+    DY,
+    Mean,
+    Rstd,
+    DW_part,
+    DB_part,
+    M,
+    N,
+    stride_x,
+    stride_dy,
+    ROWS_PER_PROG,
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """Grid (column blocks, row groups): fp32 partial sums of dy·x̂ and dy over a row group."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     group = tl.program_id(1)
@@ -271,8 +378,18 @@ def norm_bwd_wide_dw_kernel(X, DY, Mean, Rstd, DW_part, DB_part, M, N, stride_x,
 
 
 @triton.jit
-def sum_partials_kernel(DW_part, DB_part, DW, DB, P, N, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                        BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+def sum_partials_kernel(
+    DW_part,
+    DB_part,
+    DW,
+    DB,
+    P,
+    N,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """Second stage of the weight-gradient reduction: sum the P partial rows in a fixed order in
     fp32 and write dweight / dbias in their own dtype (one launch for both). Loads [BLOCK_P,
     BLOCK_N] tiles so a column block needs P / BLOCK_P dependent loads, not P (one row at a time

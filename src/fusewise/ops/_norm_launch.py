@@ -50,7 +50,7 @@ def alloc(shape, dtype, device) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
@@ -104,21 +104,53 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
     rstd = alloc(m, torch.float32, dev)
     if m == 0:
         return y, h, mean, rstd
-    flags = dict(IS_RMS=is_rms, HAS_W=weight is not None, HAS_B=bias is not None,
-                 HAS_RES=residual is not None)  # fmt: skip
+    flags = dict(
+        IS_RMS=is_rms,
+        HAS_W=weight is not None,
+        HAS_B=bias is not None,
+        HAS_RES=residual is not None,
+    )
     r = residual if residual is not None else x
     stride_r = r.stride(0)
     if use_wide_path(n):
         K.norm_fwd_wide_kernel[(m,)](
-            x, r, weight, bias, y, h, mean, rstd, n, x.stride(0), stride_r, eps,
-            BLOCK_N=WIDE_CHUNK_FWD, num_warps=WIDE_WARPS, **flags,
-        )  # fmt: skip
+            x,
+            r,
+            weight,
+            bias,
+            y,
+            h,
+            mean,
+            rstd,
+            n,
+            x.stride(0),
+            stride_r,
+            eps,
+            BLOCK_N=WIDE_CHUNK_FWD,
+            num_warps=WIDE_WARPS,
+            **flags,
+        )
     else:
         block_m, block_n, num_warps = block_config(n)
         K.norm_fwd_block_kernel[(triton.cdiv(m, block_m),)](
-            x, r, weight, bias, y, h, mean, rstd, m, n, x.stride(0), stride_r, eps,
-            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, **flags,
-        )  # fmt: skip
+            x,
+            r,
+            weight,
+            bias,
+            y,
+            h,
+            mean,
+            rstd,
+            m,
+            n,
+            x.stride(0),
+            stride_r,
+            eps,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            num_warps=num_warps,
+            **flags,
+        )
     return y, h, mean, rstd
 
 
@@ -135,10 +167,23 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     dh_arg = dh if dh is not None else dy
     if use_wide_path(n, backward=True):
         K.norm_bwd_wide_dx_kernel[(m,)](
-            x, weight, dy, dh_arg, dx, mean, rstd, n, x.stride(0), dy.stride(0),
-            dh_arg.stride(0), IS_RMS=is_rms, HAS_W=has_w, HAS_DH=dh is not None,
-            BLOCK_N=WIDE_CHUNK, num_warps=WIDE_WARPS,
-        )  # fmt: skip
+            x,
+            weight,
+            dy,
+            dh_arg,
+            dx,
+            mean,
+            rstd,
+            n,
+            x.stride(0),
+            dy.stride(0),
+            dh_arg.stride(0),
+            IS_RMS=is_rms,
+            HAS_W=has_w,
+            HAS_DH=dh is not None,
+            BLOCK_N=WIDE_CHUNK,
+            num_warps=WIDE_WARPS,
+        )
         if not (has_w or has_b):
             return dx, *_finish_weight_grads(None, None, weight, bias, dev, x.dtype)
         block_n, block_m = 256, 16
@@ -148,10 +193,24 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
         rows_per_group = triton.cdiv(m, groups)
         dw_part, db_part = _partials(groups, n, has_w, has_b, dev)
         K.norm_bwd_wide_dw_kernel[(triton.cdiv(n, block_n), groups)](
-            x, dy, mean, rstd, dw_part, db_part, m, n, x.stride(0), dy.stride(0), rows_per_group,
-            IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, BLOCK_M=block_m, BLOCK_N=block_n,
+            x,
+            dy,
+            mean,
+            rstd,
+            dw_part,
+            db_part,
+            m,
+            n,
+            x.stride(0),
+            dy.stride(0),
+            rows_per_group,
+            IS_RMS=is_rms,
+            HAS_W=has_w,
+            HAS_B=has_b,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
             num_warps=4,
-        )  # fmt: skip
+        )
     else:
         block_m, block_n, num_warps = block_config(n, backward=True, is_rms=is_rms)
         per_sm = BWD_PROGRAMS_PER_SM if is_rms else BWD_PROGRAMS_PER_SM_LN
@@ -159,12 +218,31 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
         programs = min(n_tiles, per_sm * _programs_per_wave(dev))
         dw_part, db_part = _partials(programs, n, has_w, has_b, dev)
         K.norm_bwd_block_kernel[(programs,)](
-            x, weight, dy, dh_arg, dx, mean, rstd, dw_part, db_part, m, n, x.stride(0),
-            dy.stride(0), dh_arg.stride(0), programs, triton.cdiv(n_tiles, programs),
-            IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b,
-            HAS_DH=dh is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-            PREFETCH=block_n <= PREFETCH_MAX_N, num_warps=num_warps,
-        )  # fmt: skip
+            x,
+            weight,
+            dy,
+            dh_arg,
+            dx,
+            mean,
+            rstd,
+            dw_part,
+            db_part,
+            m,
+            n,
+            x.stride(0),
+            dy.stride(0),
+            dh_arg.stride(0),
+            programs,
+            triton.cdiv(n_tiles, programs),
+            IS_RMS=is_rms,
+            HAS_W=has_w,
+            HAS_B=has_b,
+            HAS_DH=dh is not None,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            PREFETCH=block_n <= PREFETCH_MAX_N,
+            num_warps=num_warps,
+        )
     return dx, *_finish_weight_grads(dw_part, db_part, weight, bias, dev, x.dtype)
 
 
@@ -177,7 +255,16 @@ def _finish_weight_grads(dw_part, db_part, weight, bias, dev, dtype):
         return dw, db
     n = part.shape[1]
     K.sum_partials_kernel[(triton.cdiv(n, 128),)](
-        dw_part, db_part, dw, db, part.shape[0], n, HAS_W=weight is not None,
-        HAS_B=bias is not None, BLOCK_P=32, BLOCK_N=128, num_warps=4,
-    )  # fmt: skip
+        dw_part,
+        db_part,
+        dw,
+        db,
+        part.shape[0],
+        n,
+        HAS_W=weight is not None,
+        HAS_B=bias is not None,
+        BLOCK_P=32,
+        BLOCK_N=128,
+        num_warps=4,
+    )
     return dw, db

@@ -124,8 +124,14 @@ def _check_layout(**tensors) -> None:
 
 
 @torch.library.custom_op("fusewise::norm_fwd", mutates_args=())
-def norm_fwd(x: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Tensor | None,
-             eps: float, is_rms: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+def norm_fwd(
+    x: Tensor,
+    residual: Tensor | None,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    eps: float,
+    is_rms: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     _check_layout(x=x, residual=residual, weight=weight, bias=bias)
     return forward_impl(x, residual, weight, bias, eps, is_rms)
 
@@ -139,9 +145,16 @@ def _(x, residual, weight, bias, eps, is_rms):
 
 
 @torch.library.custom_op("fusewise::norm_bwd", mutates_args=())
-def norm_bwd(dy: Tensor, dh: Tensor | None, x: Tensor, weight: Tensor | None, bias: Tensor | None,
-             mean: Tensor, rstd: Tensor,
-             is_rms: bool) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+def norm_bwd(
+    dy: Tensor,
+    dh: Tensor | None,
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    mean: Tensor,
+    rstd: Tensor,
+    is_rms: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
     _check_layout(dy=dy, dh=dh, x=x, weight=weight, bias=bias, mean=mean, rstd=rstd)
     return backward_impl(dy, dh, x, weight, bias, mean, rstd, is_rms)
 

@@ -14,8 +14,9 @@ def check_floating(name: str, t: Tensor) -> None:
     if t.layout != torch.strided:
         raise TypeError(f"{name} must be a dense tensor, got {t.layout}; use {name}.to_dense()")
     if not t.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor (float32, bfloat16 or float16), "
-                        f"got {t.dtype}")  # fmt: skip
+        raise TypeError(
+            f"{name} must be a floating-point tensor (float32, bfloat16 or float16), got {t.dtype}"
+        )
 
 
 def check_input(name: str, t: Tensor) -> None:
@@ -31,8 +32,9 @@ def check_input(name: str, t: Tensor) -> None:
 def check_same_device(x: Tensor, **others: Tensor | None) -> None:
     for name, t in others.items():
         if t is not None and t.device != x.device:
-            raise ValueError(f"{name} is on {t.device} but x is on {x.device}; "
-                             f"move them to the same device")  # fmt: skip
+            raise ValueError(
+                f"{name} is on {t.device} but x is on {x.device}; move them to the same device"
+            )
 
 
 def check_param(name: str, t: Tensor | None, x: Tensor) -> None:
@@ -47,8 +49,10 @@ def check_param(name: str, t: Tensor | None, x: Tensor) -> None:
     check_floating(name, t)
     n = x.shape[-1]
     if t.shape != (n,):
-        raise ValueError(f"{name} must have shape ({n},) to match the last dim of x "
-                         f"{tuple(x.shape)}, got {tuple(t.shape)}")  # fmt: skip
+        raise ValueError(
+            f"{name} must have shape ({n},) to match the last dim of x "
+            f"{tuple(x.shape)}, got {tuple(t.shape)}"
+        )
     check_same_device(x, **{name: t})
 
 

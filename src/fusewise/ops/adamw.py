@@ -32,9 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton_utils import round_to as _round
-
 from . import _dispatch
+from ._triton_utils import round_to as _round
 
 BLOCK = 1024  # elements per inner step
 CHUNK_BLOCKS = 4  # inner steps per program: a program owns BLOCK * CHUNK_BLOCKS elements
@@ -68,11 +67,29 @@ def _one_minus_pow(step, log_beta_hi, log_beta_lo):
 
 
 @triton.jit
-def _update_block(offs, n, p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, w_ptr, inv_scale, decay,
-                  step_size, bc2_sqrt, one_minus_beta1, beta2, one_minus_beta2, eps,
-                  MASKED: tl.constexpr,
-                  AMSGRAD: tl.constexpr, MAXIMIZE: tl.constexpr, MASTER: tl.constexpr,
-                  HAS_SCALE: tl.constexpr):  # fmt: skip
+def _update_block(
+    offs,
+    n,
+    p_ptr,
+    g_ptr,
+    m_ptr,
+    v_ptr,
+    vmax_ptr,
+    w_ptr,
+    inv_scale,
+    decay,
+    step_size,
+    bc2_sqrt,
+    one_minus_beta1,
+    beta2,
+    one_minus_beta2,
+    eps,
+    MASKED: tl.constexpr,
+    AMSGRAD: tl.constexpr,
+    MAXIMIZE: tl.constexpr,
+    MASTER: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+):
     """One BLOCK of one tensor: load, update in fp32 registers, store. w_ptr is the fp32 master
     when MASTER (p_ptr then only receives the rounded copy), else the parameter itself."""
     mask = offs < n if MASKED else None
@@ -102,14 +119,35 @@ def _update_block(offs, n, p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, w_ptr, inv_scal
 
 
 @triton.jit
-def adamw_kernel(TABLE, CHUNKS, LR, lr, one_minus_beta1, beta2, one_minus_beta2, log_beta1_hi,
-                 log_beta1_lo, log_beta2_hi, log_beta2_lo, eps, weight_decay, GRAD_SCALE,
-                 FOUND_INF,
-                 P_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr,
-                 LR_IS_TENSOR: tl.constexpr, AMSGRAD: tl.constexpr, MAXIMIZE: tl.constexpr,
-                 MASTER: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr,
-                 ALIGNED: tl.constexpr, BLOCK: tl.constexpr,
-                 CHUNK_BLOCKS: tl.constexpr):  # fmt: skip
+def adamw_kernel(
+    TABLE,
+    CHUNKS,
+    LR,
+    lr,
+    one_minus_beta1,
+    beta2,
+    one_minus_beta2,
+    log_beta1_hi,
+    log_beta1_lo,
+    log_beta2_hi,
+    log_beta2_lo,
+    eps,
+    weight_decay,
+    GRAD_SCALE,
+    FOUND_INF,
+    P_DTYPE: tl.constexpr,
+    G_DTYPE: tl.constexpr,
+    S_DTYPE: tl.constexpr,
+    LR_IS_TENSOR: tl.constexpr,
+    AMSGRAD: tl.constexpr,
+    MAXIMIZE: tl.constexpr,
+    MASTER: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    HAS_INF: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNK_BLOCKS: tl.constexpr,
+):
     pid = tl.program_id(0)
     t = tl.load(CHUNKS + 2 * pid)
     # the chunk list holds chunk indices: start is then a known multiple of the chunk size,
@@ -138,16 +176,54 @@ def adamw_kernel(TABLE, CHUNKS, LR, lr, one_minus_beta1, beta2, one_minus_beta2,
     offs0 = start + tl.arange(0, BLOCK).to(tl.int64)
     if start + BLOCK * CHUNK_BLOCKS <= n:  # whole chunk in range: unmasked, vectorised
         for i in tl.static_range(CHUNK_BLOCKS):
-            _update_block(offs0 + i * BLOCK, n, p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, w_ptr,
-                          inv_scale, decay, step_size, bc2_sqrt, one_minus_beta1, beta2,
-                          one_minus_beta2, eps, False,
-                          AMSGRAD, MAXIMIZE, MASTER, HAS_SCALE)  # fmt: skip
+            _update_block(
+                offs0 + i * BLOCK,
+                n,
+                p_ptr,
+                g_ptr,
+                m_ptr,
+                v_ptr,
+                vmax_ptr,
+                w_ptr,
+                inv_scale,
+                decay,
+                step_size,
+                bc2_sqrt,
+                one_minus_beta1,
+                beta2,
+                one_minus_beta2,
+                eps,
+                False,
+                AMSGRAD,
+                MAXIMIZE,
+                MASTER,
+                HAS_SCALE,
+            )
     else:
         for i in tl.static_range(CHUNK_BLOCKS):
-            _update_block(offs0 + i * BLOCK, n, p_ptr, g_ptr, m_ptr, v_ptr, vmax_ptr, w_ptr,
-                          inv_scale, decay, step_size, bc2_sqrt, one_minus_beta1, beta2,
-                          one_minus_beta2, eps, True,
-                          AMSGRAD, MAXIMIZE, MASTER, HAS_SCALE)  # fmt: skip
+            _update_block(
+                offs0 + i * BLOCK,
+                n,
+                p_ptr,
+                g_ptr,
+                m_ptr,
+                v_ptr,
+                vmax_ptr,
+                w_ptr,
+                inv_scale,
+                decay,
+                step_size,
+                bc2_sqrt,
+                one_minus_beta1,
+                beta2,
+                one_minus_beta2,
+                eps,
+                True,
+                AMSGRAD,
+                MAXIMIZE,
+                MASTER,
+                HAS_SCALE,
+            )
 
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -207,8 +283,26 @@ def _to_device(rows, device) -> torch.Tensor:
     return host.to(device)
 
 
-def launch(bucket: Bucket, rows, device, *, p_dtype, g_dtype, s_dtype, lr, beta1, beta2, eps,
-           weight_decay, amsgrad, maximize, master, grad_scale, found_inf, aligned):  # fmt: skip
+def launch(
+    bucket: Bucket,
+    rows,
+    device,
+    *,
+    p_dtype,
+    g_dtype,
+    s_dtype,
+    lr,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
+    amsgrad,
+    maximize,
+    master,
+    grad_scale,
+    found_inf,
+    aligned,
+):
     """One launch over every tensor of the bucket (rows: one TABLE_COLS tuple per tensor)."""
     s_size = s_dtype.itemsize
     table, chunks = bucket.tables(device, rows, (p_dtype.itemsize, s_size, s_size, s_size, 4))
@@ -227,16 +321,33 @@ def launch(bucket: Bucket, rows, device, *, p_dtype, g_dtype, s_dtype, lr, beta1
         # 1 - beta and log(beta) in double here: 1 - beta2 from beta2 rounded to fp32 is 1.3%
         # off at 0.999999 (torch computes both in Python double)
         adamw_kernel[(n_chunks,)](
-            table, chunks, lr if lr_is_tensor else table, 0.0 if lr_is_tensor else float(lr),
-            1.0 - beta1, beta2, 1.0 - beta2, *_log_hi_lo(beta1), *_log_hi_lo(beta2),
-            float(eps), float(weight_decay),
+            table,
+            chunks,
+            lr if lr_is_tensor else table,
+            0.0 if lr_is_tensor else float(lr),
+            1.0 - beta1,
+            beta2,
+            1.0 - beta2,
+            *_log_hi_lo(beta1),
+            *_log_hi_lo(beta2),
+            float(eps),
+            float(weight_decay),
             grad_scale if grad_scale is not None else table,
             found_inf if found_inf is not None else table,
-            P_DTYPE=_TL_DTYPES[p_dtype], G_DTYPE=_TL_DTYPES[g_dtype], S_DTYPE=_TL_DTYPES[s_dtype],
-            LR_IS_TENSOR=lr_is_tensor, AMSGRAD=amsgrad, MAXIMIZE=maximize, MASTER=master,
-            HAS_SCALE=grad_scale is not None, HAS_INF=found_inf is not None, ALIGNED=aligned,
-            BLOCK=BLOCK, CHUNK_BLOCKS=CHUNK_BLOCKS, num_warps=4,
-        )  # fmt: skip
+            P_DTYPE=_TL_DTYPES[p_dtype],
+            G_DTYPE=_TL_DTYPES[g_dtype],
+            S_DTYPE=_TL_DTYPES[s_dtype],
+            LR_IS_TENSOR=lr_is_tensor,
+            AMSGRAD=amsgrad,
+            MAXIMIZE=maximize,
+            MASTER=master,
+            HAS_SCALE=grad_scale is not None,
+            HAS_INF=found_inf is not None,
+            ALIGNED=aligned,
+            BLOCK=BLOCK,
+            CHUNK_BLOCKS=CHUNK_BLOCKS,
+            num_warps=4,
+        )
 
 
 def _log_hi_lo(beta: float) -> tuple[float, float]:

@@ -18,8 +18,9 @@ from . import _norm_op
 from ._validate import as_rows, check_eps, check_input, check_param
 
 
-def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
-               eps: float = 1e-5) -> Tensor:  # fmt: skip
+def layer_norm(
+    x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5
+) -> Tensor:
     """LayerNorm over the last dim of x [..., N]; weight, bias: [N] (activation dtype or fp32).
 
     Returns y with x's shape and dtype. Differentiable in x, weight and bias. Any layout of any

@@ -73,9 +73,12 @@ def _gemm(out: Tensor, a: Tensor, b: Tensor, accumulate: bool) -> None:
             return
         except (RuntimeError, NotImplementedError, AttributeError) as e:
             _fp32_out_gemm = False
-            warnings.warn(f"fusewise.ops.linear_cross_entropy: the fp32-output GEMM failed "
-                          f"({type(e).__name__}: {str(e)[:80]}); using fp32 operands instead, "
-                          f"which is slower", stacklevel=3)  # fmt: skip
+            warnings.warn(
+                f"fusewise.ops.linear_cross_entropy: the fp32-output GEMM failed "
+                f"({type(e).__name__}: {str(e)[:80]}); using fp32 operands instead, "
+                f"which is slower",
+                stacklevel=3,
+            )
     out.addmm_(a.float(), b.float()) if accumulate else torch.mm(a.float(), b.float(), out=out)
 
 
@@ -93,10 +96,16 @@ def _run(hidden, weight, target, bias, opts, scale, need, cfg, path, final):
     lse = torch.empty(n, dtype=torch.float32, device=dev)
     grads = scale is not None
     wide = torch.promote_types(dt, torch.float32)
-    dh = torch.empty(hidden.shape, dtype=dt if final else wide, device=dev) if grads and need[0] \
-        else None  # fmt: skip
-    dw = torch.empty(weight.shape, dtype=wide if exact else dt, device=dev) if grads and need[1] \
-        else None  # fmt: skip
+    dh = (
+        torch.empty(hidden.shape, dtype=dt if final else wide, device=dev)
+        if grads and need[0]
+        else None
+    )
+    dw = (
+        torch.empty(weight.shape, dtype=wide if exact else dt, device=dev)
+        if grads and need[1]
+        else None
+    )
     db = torch.zeros(v, dtype=wide, device=dev) if grads and need[2] else None
     chunks = _chunks(n, v, hidden.element_size(), chunk_size)
     buf = torch.empty(chunks[0][1] if chunks else 0, v, dtype=dt, device=dev)
@@ -157,13 +166,17 @@ def _token_scale(target, ignore_index, reduction):
 class _LinearCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, target, bias, reduction, opts, cfg, path):
-        need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1],
-                bias is not None and ctx.needs_input_grad[3])  # fmt: skip
+        need = (
+            ctx.needs_input_grad[0],
+            ctx.needs_input_grad[1],
+            bias is not None and ctx.needs_input_grad[3],
+        )
         ctx.fused = any(need) and reduction != "none"
         ctx.path = path
         scale = _token_scale(target, opts[0], reduction) if ctx.fused else None
-        loss, lse, dh, dw, db = _run(hidden, weight, target, bias, opts, scale, need, cfg, path,
-                                     final=False)  # fmt: skip
+        loss, lse, dh, dw, db = _run(
+            hidden, weight, target, bias, opts, scale, need, cfg, path, final=False
+        )
         if ctx.fused:  # the gradients exist already; backward scales them by grad_output
             ctx.save_for_backward(dh, dw, db)
             ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
@@ -181,14 +194,16 @@ class _LinearCE(torch.autograd.Function):
             if ctx.used:  # the saved gradients have been scaled in place already
                 raise RuntimeError(_second_backward(ctx))
             ctx.used = True
-            grads = [_scaled(x, grad_out, d, ctx.path)
-                     for x, d in zip(ctx.saved_tensors, ctx.dtypes)]  # fmt: skip
+            grads = [
+                _scaled(x, grad_out, d, ctx.path) for x, d in zip(ctx.saved_tensors, ctx.dtypes)
+            ]
         else:
             hidden, weight, target, bias = ctx.saved_tensors
             opts, need, cfg = ctx.args
             scale = grad_out.float()  # any strides (stride 0 from .sum()): the kernel reads them
-            grads = _run(hidden, weight, target, bias, opts, scale, need, cfg, ctx.path,
-                         final=True)[2:]  # fmt: skip
+            grads = _run(
+                hidden, weight, target, bias, opts, scale, need, cfg, ctx.path, final=True
+            )[2:]
         return grads[0], grads[1], None, grads[2], None, None, None, None
 
 
@@ -203,19 +218,25 @@ _NO_SECOND_DERIVATIVE = (
 def _second_backward(ctx) -> str:
     """What happened, told by whether the first backward kept the graph's saved tensors."""
     try:
-        ctx.saved_tensors
-        what = ("whose graph was kept by the first (retain_graph=True), but its gradients were "
-                "computed in the forward and the first backward used them up")  # fmt: skip
+        ctx.saved_tensors  # noqa: B018  (raises if the first backward freed them)
+        what = (
+            "whose graph was kept by the first (retain_graph=True), but its gradients were "
+            "computed in the forward and the first backward used them up"
+        )
     except RuntimeError:  # freed
-        what = ("after the first one freed its graph (.backward() twice, torch.autograd.grad("
-                "loss, some inputs) then .backward(), or two results built on the loss "
-                "backwarded one by one); retain_graph=True would not help: its gradients are "
-                "computed in the forward and the first backward uses them up")  # fmt: skip
-    return (f"fusewise.ops.linear_cross_entropy: a second backward reached this call, {what}. "
-            "Backward once through everything built on the loss (add the terms first: "
-            "(a + b).backward()), ask for every gradient in one torch.autograd.grad(loss, "
-            "[hidden, weight, ...]) call, or call linear_cross_entropy again for each backward; "
-            "reduction='none' recomputes in its backward and allows several.")  # fmt: skip
+        what = (
+            "after the first one freed its graph (.backward() twice, torch.autograd.grad("
+            "loss, some inputs) then .backward(), or two results built on the loss "
+            "backwarded one by one); retain_graph=True would not help: its gradients are "
+            "computed in the forward and the first backward uses them up"
+        )
+    return (
+        f"fusewise.ops.linear_cross_entropy: a second backward reached this call, {what}. "
+        "Backward once through everything built on the loss (add the terms first: "
+        "(a + b).backward()), ask for every gradient in one torch.autograd.grad(loss, "
+        "[hidden, weight, ...]) call, or call linear_cross_entropy again for each backward; "
+        "reduction='none' recomputes in its backward and allows several."
+    )
 
 
 # --- custom ops: what torch.compile traces (eager calls take _LinearCE directly) -----------------
@@ -226,42 +247,101 @@ def _path_of(t: Tensor) -> str:
 
 
 @torch.library.custom_op("fusewise::linear_ce_fwd", mutates_args=())
-def linear_ce_fwd(hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None,
-                  ignore_index: int, label_smoothing: float, z_loss: float, softcap: float | None,
-                  fp32_accumulate: bool, chunk_size: int) -> tuple[Tensor, Tensor]:  # fmt: skip
+def linear_ce_fwd(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    bias: Tensor | None,
+    ignore_index: int,
+    label_smoothing: float,
+    z_loss: float,
+    softcap: float | None,
+    fp32_accumulate: bool,
+    chunk_size: int,
+) -> tuple[Tensor, Tensor]:
     """Per-token loss and lse [N], no gradients (reduction="none", or no grad wanted); target has
     hidden's leading shape (N elements, for the error message); the last two arguments are for
     the backward."""
     _check_cpu_targets(target, ignore_index, weight.shape[0])
     opts = (ignore_index, label_smoothing, z_loss, softcap)
-    loss, lse, *_ = _run(hidden, weight, target.reshape(-1), bias, opts, None, (False,) * 3,
-                         (fp32_accumulate, chunk_size), _path_of(hidden), final=True)  # fmt: skip
+    loss, lse, *_ = _run(
+        hidden,
+        weight,
+        target.reshape(-1),
+        bias,
+        opts,
+        None,
+        (False,) * 3,
+        (fp32_accumulate, chunk_size),
+        _path_of(hidden),
+        final=True,
+    )
     return loss, lse
 
 
 @linear_ce_fwd.register_fake
-def _(hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap,
-      fp32_accumulate, chunk_size):  # fmt: skip
+def _(
+    hidden,
+    weight,
+    target,
+    bias,
+    ignore_index,
+    label_smoothing,
+    z_loss,
+    softcap,
+    fp32_accumulate,
+    chunk_size,
+):
     n = hidden.shape[0]
     return hidden.new_empty(n, dtype=torch.float32), hidden.new_empty(n, dtype=torch.float32)
 
 
 @torch.library.custom_op("fusewise::linear_ce_bwd", mutates_args=())
-def linear_ce_bwd(grad_tok: Tensor, hidden: Tensor, weight: Tensor, target: Tensor,
-                  bias: Tensor | None, ignore_index: int, label_smoothing: float,
-                  z_loss: float, softcap: float | None, fp32_accumulate: bool,
-                  chunk_size: int) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+def linear_ce_bwd(
+    grad_tok: Tensor,
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    bias: Tensor | None,
+    ignore_index: int,
+    label_smoothing: float,
+    z_loss: float,
+    softcap: float | None,
+    fp32_accumulate: bool,
+    chunk_size: int,
+) -> tuple[Tensor, Tensor, Tensor]:
     """reduction="none"'s backward: recompute each chunk's logits, gradients scaled per token."""
     opts = (ignore_index, label_smoothing, z_loss, softcap)
     need = (True, True, bias is not None)
-    _, _, dh, dw, db = _run(hidden, weight, target.reshape(-1), bias, opts, grad_tok, need,
-                            (fp32_accumulate, chunk_size), _path_of(hidden), final=True)  # fmt: skip
+    _, _, dh, dw, db = _run(
+        hidden,
+        weight,
+        target.reshape(-1),
+        bias,
+        opts,
+        grad_tok,
+        need,
+        (fp32_accumulate, chunk_size),
+        _path_of(hidden),
+        final=True,
+    )
     return dh, dw, db if db is not None else hidden.new_empty(0)
 
 
 @linear_ce_bwd.register_fake
-def _(grad_tok, hidden, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap,
-      fp32_accumulate, chunk_size):  # fmt: skip
+def _(
+    grad_tok,
+    hidden,
+    weight,
+    target,
+    bias,
+    ignore_index,
+    label_smoothing,
+    z_loss,
+    softcap,
+    fp32_accumulate,
+    chunk_size,
+):
     # contiguous, as _run allocates them (empty_like would copy a .T input's strides)
     db = bias.new_empty(bias.shape) if bias is not None else hidden.new_empty(0)
     return hidden.new_empty(hidden.shape), weight.new_empty(weight.shape), db
@@ -287,24 +367,43 @@ def _backward_none(ctx, grad_tok, _grad_lse):
     return dh, dw, None, (db if bias is not None else None), *([None] * 6)
 
 
-torch.library.register_autograd("fusewise::linear_ce_fwd", _backward_none,
-                                setup_context=_setup_none)  # fmt: skip
+torch.library.register_autograd(
+    "fusewise::linear_ce_fwd", _backward_none, setup_context=_setup_none
+)
 
 
 @torch.library.custom_op("fusewise::linear_ce_fused", mutates_args=())
-def linear_ce_fused(hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None,
-                    ignore_index: int, mean: bool, label_smoothing: float, z_loss: float,
-                    softcap: float | None, fp32_accumulate: bool,
-                    chunk_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+def linear_ce_fused(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    bias: Tensor | None,
+    ignore_index: int,
+    mean: bool,
+    label_smoothing: float,
+    z_loss: float,
+    softcap: float | None,
+    fp32_accumulate: bool,
+    chunk_size: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Reduced loss ("mean" or "sum") and its gradients for grad_output = 1, in one pass, held
     as _run(final=False) leaves them (the backward scales and rounds them)."""
     _check_cpu_targets(target, ignore_index, weight.shape[0])
     opts = (ignore_index, label_smoothing, z_loss, softcap)
     reduction = "mean" if mean else "sum"
     need = (True, True, bias is not None)
-    loss, _, dh, dw, db = _run(hidden, weight, target.reshape(-1), bias, opts,
-                               _token_scale(target, ignore_index, reduction), need,
-                               (fp32_accumulate, chunk_size), _path_of(hidden), final=False)  # fmt: skip
+    loss, _, dh, dw, db = _run(
+        hidden,
+        weight,
+        target.reshape(-1),
+        bias,
+        opts,
+        _token_scale(target, ignore_index, reduction),
+        need,
+        (fp32_accumulate, chunk_size),
+        _path_of(hidden),
+        final=False,
+    )
     return (
         _reduce(loss, target, ignore_index, reduction),
         dh,
@@ -314,8 +413,19 @@ def linear_ce_fused(hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor
 
 
 @linear_ce_fused.register_fake
-def _(hidden, weight, target, bias, ignore_index, mean, label_smoothing, z_loss, softcap,
-      fp32_accumulate, chunk_size):  # fmt: skip
+def _(
+    hidden,
+    weight,
+    target,
+    bias,
+    ignore_index,
+    mean,
+    label_smoothing,
+    z_loss,
+    softcap,
+    fp32_accumulate,
+    chunk_size,
+):
     wide = torch.promote_types(hidden.dtype, torch.float32)
     db = bias.new_empty(bias.shape, dtype=wide) if bias is not None else hidden.new_empty(0)
     dw = weight.new_empty(weight.shape, dtype=wide if fp32_accumulate else weight.dtype)
@@ -331,20 +441,32 @@ def _setup_fused(ctx, inputs, output):
 
 
 def _backward_fused(ctx, grad_loss, *_):
-    dh, dw, db = ((x * grad_loss).to(d) if d is not None else None
-                  for x, d in zip(ctx.saved_tensors, ctx.dtypes))  # fmt: skip
+    dh, dw, db = (
+        (x * grad_loss).to(d) if d is not None else None
+        for x, d in zip(ctx.saved_tensors, ctx.dtypes)
+    )
     return dh, dw, None, db, *([None] * 7)
 
 
-torch.library.register_autograd("fusewise::linear_ce_fused", _backward_fused,
-                                setup_context=_setup_fused)  # fmt: skip
+torch.library.register_autograd(
+    "fusewise::linear_ce_fused", _backward_fused, setup_context=_setup_fused
+)
 
 
-def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None,
-                         *, ignore_index: int = -100, reduction: str = "mean",
-                         label_smoothing: float = 0.0, z_loss: float = 0.0,
-                         softcap: float | None = None, fp32_accumulate: bool = False,
-                         chunk_size: int | None = None) -> Tensor:  # fmt: skip
+def linear_cross_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    bias: Tensor | None = None,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
+    fp32_accumulate: bool = False,
+    chunk_size: int | None = None,
+) -> Tensor:
     """Cross-entropy of `hidden @ weight.T + bias` against `target` without the full logits.
 
     hidden [N, d] or [B, T, d] ([d] with a 0-d target: one token); weight [V, d]; target [N] or
@@ -364,8 +486,19 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: T
     weight's dtype. chunk_size: tokens per chunk (default: 512 MiB of logits, 2048 tokens at
     V=128256 in bf16); larger is faster and takes more memory.
     """
-    opts, cfg = check_args(hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
-                           z_loss, softcap, fp32_accumulate, chunk_size)  # fmt: skip
+    opts, cfg = check_args(
+        hidden,
+        weight,
+        target,
+        bias,
+        ignore_index,
+        reduction,
+        label_smoothing,
+        z_loss,
+        softcap,
+        fp32_accumulate,
+        chunk_size,
+    )
     ignore_index = opts[0]
     # On a GPU an out-of-range target makes the loss NaN (checking would sync); under
     # torch.compile the custom ops check on the CPU (here it would break the graph).
@@ -380,8 +513,9 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: T
             x is not None and x.requires_grad for x in (h2, weight, bias)
         )
         if wants_grad and reduction != "none":
-            return linear_ce_fused(h2, weight, target, bias, opts[0], reduction == "mean",
-                                   *opts[1:], *cfg)[0]  # fmt: skip
+            return linear_ce_fused(
+                h2, weight, target, bias, opts[0], reduction == "mean", *opts[1:], *cfg
+            )[0]
         loss_tok, _ = linear_ce_fwd(h2, weight, target, bias, *opts, *cfg)
         out = _reduce(loss_tok, t1, ignore_index, reduction)
     else:

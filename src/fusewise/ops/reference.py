@@ -12,8 +12,9 @@ import torch
 from torch import Tensor
 
 
-def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
-               eps: float = 1e-5) -> Tensor:  # fmt: skip
+def layer_norm(
+    x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5
+) -> Tensor:
     """The seed's naive LayerNorm over the last dim: mean pass, variance pass, normalise pass.
 
     Computes in float32 (float64 stays float64) and returns x's dtype.
@@ -47,8 +48,14 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None, eps: float 
 # --- the CPU path: forward with saved statistics, and the analytic backward --------------------
 
 
-def norm_forward(x: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Tensor | None,
-                 eps: float, is_rms: bool):  # fmt: skip
+def norm_forward(
+    x: Tensor,
+    residual: Tensor | None,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    eps: float,
+    is_rms: bool,
+):
     """x: [M, N]. Returns (y [M, N], h [M, N] or empty, mean [M] fp32 or empty, rstd [M] fp32)."""
     h = x + residual if residual is not None else None
     acc = torch.promote_types(x.dtype, torch.float32)  # fp32 math, float64 stays float64
@@ -70,8 +77,16 @@ def norm_forward(x: Tensor, residual: Tensor | None, weight: Tensor | None, bias
     return y.to(x.dtype), (h if h is not None else empty), mean.float(), rstd.float()
 
 
-def norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, weight: Tensor | None,
-                  bias: Tensor | None, mean: Tensor, rstd: Tensor, is_rms: bool):  # fmt: skip
+def norm_backward(
+    dy: Tensor,
+    dh: Tensor | None,
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    mean: Tensor,
+    rstd: Tensor,
+    is_rms: bool,
+):
     """Analytic backward in float32. x is the normalised input ([M, N]; x + residual for
     add_rms_norm). Returns (dx, dweight or empty, dbias or empty)."""
     acc = torch.promote_types(x.dtype, torch.float32)
@@ -96,11 +111,24 @@ def norm_backward(dy: Tensor, dh: Tensor | None, x: Tensor, weight: Tensor | Non
 # --- AdamW ---------------------------------------------------------------------------------------
 
 
-def adamw_update(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
-                 max_exp_avg_sq: Tensor | None, master: Tensor | None, step: Tensor, *,
-                 lr, beta1: float, beta2: float, eps: float, weight_decay: float,
-                 maximize: bool, grad_scale: Tensor | None = None,
-                 found_inf: Tensor | None = None) -> None:  # fmt: skip
+def adamw_update(
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    max_exp_avg_sq: Tensor | None,
+    master: Tensor | None,
+    step: Tensor,
+    *,
+    lr,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    maximize: bool,
+    grad_scale: Tensor | None = None,
+    found_inf: Tensor | None = None,
+) -> None:
     """One AdamW update of one tensor in place, torch.optim.AdamW's math in fp32; `step` is the
     already incremented step count (a tensor). The CPU path of fusewise.optim.AdamW and the oracle
     of its tests. With `master`, the fp32 master is updated and `param` receives it rounded.
@@ -142,10 +170,18 @@ def _one_minus_pow(beta: float, step: Tensor) -> Tensor:
 # --- linear + cross-entropy ----------------------------------------------------------------------
 
 
-def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None,
-                         *, ignore_index: int = -100, reduction: str = "mean",
-                         label_smoothing: float = 0.0, z_loss: float = 0.0,
-                         softcap: float | None = None) -> Tensor:  # fmt: skip
+def linear_cross_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    bias: Tensor | None = None,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
+) -> Tensor:
     """The full logits as nn.Linear makes them (F.linear: the bias added inside the GEMM, one
     rounding), then F.cross_entropy in fp32 (float64 stays float64), plus z_loss·lse² averaged
     like the loss; "mean" over no valid token is 0 (fusewise's choice; torch: nan)."""
@@ -156,8 +192,9 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: T
     if softcap is not None:
         z2 = softcap * torch.tanh(z2 / softcap)
     t = target.reshape(-1)
-    loss = torch.nn.functional.cross_entropy(z2, t, ignore_index=ignore_index, reduction="none",
-                                             label_smoothing=label_smoothing)  # fmt: skip
+    loss = torch.nn.functional.cross_entropy(
+        z2, t, ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing
+    )
     valid = t != ignore_index
     if z_loss:
         loss = loss + z_loss * torch.where(valid, torch.logsumexp(z2, -1) ** 2, 0.0)

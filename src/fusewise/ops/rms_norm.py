@@ -58,8 +58,9 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None, eps: float 
             f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}"
         )
     if residual.dtype != x.dtype:
-        raise TypeError(f"residual must have x's dtype {x.dtype}, got {residual.dtype}; "
-                        f"cast one of them first")  # fmt: skip
+        raise TypeError(
+            f"residual must have x's dtype {x.dtype}, got {residual.dtype}; cast one of them first"
+        )
     check_same_device(x, residual=residual)
     check_param("weight", weight, x)
     eps = check_eps(default_eps(x.dtype) if eps is None else eps)

@@ -8,9 +8,11 @@ import math
 
 def _roofline_svg(r: dict, w: int = 560, h: int = 320) -> str:
     d = r["device"]
-    pts = [(row["intensity"], row["flops"] / (row["ms_per_step"] * 1e-3) / 1e12, row["name"])
-           for row in r["top"] if row["flops"] > 0 and row["ms_per_step"] > 0
-           and math.isfinite(row["intensity"])]  # fmt: skip
+    pts = [
+        (row["intensity"], row["flops"] / (row["ms_per_step"] * 1e-3) / 1e12, row["name"])
+        for row in r["top"]
+        if row["flops"] > 0 and row["ms_per_step"] > 0 and math.isfinite(row["intensity"])
+    ]
     x_lo, x_hi = -2.0, 4.0  # log10 FLOP/byte
     peak = d["matmul_TFLOPs"]
     y_hi = math.log10(peak) + 0.5
@@ -24,23 +26,29 @@ def _roofline_svg(r: dict, w: int = 560, h: int = 320) -> str:
 
     ridge = d["ridge"]
     bw_tb = d["bandwidth_GBps"] / 1e3
-    roof = (f'<polyline fill="none" stroke="#444" stroke-width="2" points="'
-            f'{sx(10**x_lo):.1f},{sy(bw_tb * 10**x_lo):.1f} {sx(ridge):.1f},{sy(peak):.1f} '
-            f'{sx(10**x_hi):.1f},{sy(peak):.1f}"/>')  # fmt: skip
-    labels = (f'<text x="{sx(ridge) + 4:.1f}" y="{sy(peak) - 6:.1f}" font-size="10">'
-              f'ridge {ridge:,.0f} FLOP/B, peak {peak:,.0f} TFLOP/s, '
-              f'{d["bandwidth_GBps"]:,.0f} GB/s</text>')  # fmt: skip
+    roof = (
+        f'<polyline fill="none" stroke="#444" stroke-width="2" points="'
+        f"{sx(10**x_lo):.1f},{sy(bw_tb * 10**x_lo):.1f} {sx(ridge):.1f},{sy(peak):.1f} "
+        f'{sx(10**x_hi):.1f},{sy(peak):.1f}"/>'
+    )
+    labels = (
+        f'<text x="{sx(ridge) + 4:.1f}" y="{sy(peak) - 6:.1f}" font-size="10">'
+        f"ridge {ridge:,.0f} FLOP/B, peak {peak:,.0f} TFLOP/s, "
+        f"{d['bandwidth_GBps']:,.0f} GB/s</text>"
+    )
     # points below the plotted range sit on its floor rather than off the picture
     pts = [(i, max(t, 10 ** (y_lo + 0.05)), n) for i, t, n in pts]
     dots = "".join(
         f'<circle cx="{sx(i):.1f}" cy="{sy(t):.1f}" r="4" fill="#c0392b"><title>'
-        f'{html.escape(n)}: {i:.1f} FLOP/B, {t:.3f} TFLOP/s</title></circle>'
+        f"{html.escape(n)}: {i:.1f} FLOP/B, {t:.3f} TFLOP/s</title></circle>"
         f'<text x="{sx(i) + 6:.1f}" y="{sy(t) - 4:.1f}" font-size="9">{html.escape(n[6:])}</text>'
         for i, t, n in pts
-    )  # fmt: skip
-    axes = (f'<text x="{w / 2:.0f}" y="{h - 5}" font-size="11" text-anchor="middle">'
-            f'intensity (FLOP/byte, log)</text><text x="12" y="{h / 2:.0f}" font-size="11" '
-            f'transform="rotate(-90 12 {h / 2:.0f})" text-anchor="middle">TFLOP/s (log)</text>')  # fmt: skip
+    )
+    axes = (
+        f'<text x="{w / 2:.0f}" y="{h - 5}" font-size="11" text-anchor="middle">'
+        f'intensity (FLOP/byte, log)</text><text x="12" y="{h / 2:.0f}" font-size="11" '
+        f'transform="rotate(-90 12 {h / 2:.0f})" text-anchor="middle">TFLOP/s (log)</text>'
+    )
     return (
         f'<svg width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg">'
         f"{roof}{labels}{dots}{axes}</svg>"
@@ -62,6 +70,19 @@ def _fmt(v) -> str:
     return "" if v is None else str(v)
 
 
+_FINDING_COLUMNS = ["kind", "pattern", "where", "est_saving_ms", "bytes_avoidable", "fix", "title"]
+_TOP_COLUMNS = [
+    "name",
+    "ms_per_step",
+    "share",
+    "flops",
+    "bytes",
+    "intensity",
+    "bound",
+    "pct_of_ceiling",
+]
+
+
 def render_html(r: dict) -> str:
     d, s = r["device"], r["step"]
     findings = [dict(f, evidence=None) for f in r["findings"]]
@@ -69,10 +90,11 @@ def render_html(r: dict) -> str:
 <style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse;
 margin:1em 0}}td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px}}th{{background:#eee}}
 </style></head><body><h1>fusewise diagnosis</h1>
-<p>{html.escape(d['name'])}: {d['bandwidth_GBps']:,.0f} GB/s, {d['matmul_TFLOPs']:,.1f} TFLOP/s,
-ridge {d['ridge']:,.0f} FLOP/byte. Step {s['median_ms']:.2f} ms (median of {s['steps_measured']}).</p>
-<h2>Findings</h2>{_table(findings, ['kind', 'pattern', 'where', 'est_saving_ms', 'bytes_avoidable', 'fix', 'title'])}
+<p>{html.escape(d["name"])}: {d["bandwidth_GBps"]:,.0f} GB/s, {d["matmul_TFLOPs"]:,.1f} TFLOP/s,
+ridge {d["ridge"]:,.0f} FLOP/byte.
+Step {s["median_ms"]:.2f} ms (median of {s["steps_measured"]}).</p>
+<h2>Findings</h2>{_table(findings, _FINDING_COLUMNS)}
 <h2>Roofline of the top ops</h2>{_roofline_svg(r)}
-<h2>Breakdown</h2>{_table(r['top'], ['name', 'ms_per_step', 'share', 'flops', 'bytes', 'intensity', 'bound', 'pct_of_ceiling'])}
-<h2>Not run</h2>{_table(r['skipped'], ['analysis', 'reason'])}
+<h2>Breakdown</h2>{_table(r["top"], _TOP_COLUMNS)}
+<h2>Not run</h2>{_table(r["skipped"], ["analysis", "reason"])}
 </body></html>"""

@@ -22,9 +22,14 @@ class Report:
     def as_dict(self) -> dict:
         from .. import __version__
 
-        return {"fusewise_version": __version__, "device": self.device, "step": self.step,
-                "top": self.top, "findings": [f.as_dict() for f in self.findings],
-                "skipped": self.skipped}  # fmt: skip
+        return {
+            "fusewise_version": __version__,
+            "device": self.device,
+            "step": self.step,
+            "top": self.top,
+            "findings": [f.as_dict() for f in self.findings],
+            "skipped": self.skipped,
+        }
 
     def to_json(self) -> str:
         """Strict JSON (RFC 8259): a value that is not a finite number (the intensity of an op

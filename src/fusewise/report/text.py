@@ -12,25 +12,40 @@ from rich.text import Text
 def render_text(r: dict, console) -> None:
     d, s = r["device"], r["step"]
     peak = s.get("peak_memory_bytes")
-    console.print(f"[bold]fusewise {r['fusewise_version']}[/] on {escape(d['name'])}: bandwidth "
-                  f"{d['bandwidth_GBps']:,.0f} GB/s, matmul {d['matmul_TFLOPs']:,.1f} TFLOP/s, "
-                  f"ridge {d['ridge']:,.0f} FLOP/byte")  # fmt: skip
-    console.print(f"step: {s['median_ms']:.2f} ms (median of {s['steps_measured']})"
-                  + (f", peak memory {peak / 1e9:.2f} GB" if peak else ""))  # fmt: skip
+    console.print(
+        f"[bold]fusewise {r['fusewise_version']}[/] on {escape(d['name'])}: bandwidth "
+        f"{d['bandwidth_GBps']:,.0f} GB/s, matmul {d['matmul_TFLOPs']:,.1f} TFLOP/s, "
+        f"ridge {d['ridge']:,.0f} FLOP/byte"
+    )
+    console.print(
+        f"step: {s['median_ms']:.2f} ms (median of {s['steps_measured']})"
+        + (f", peak memory {peak / 1e9:.2f} GB" if peak else "")
+    )
     fit = s.get("memory_scaling")
     if fit:
-        (name, sizes), = fit["sizes"].items()
+        ((name, sizes),) = fit["sizes"].items()
         a, b = fit["live_peak_bytes"]
-        console.print(Text(f"peak memory scales as {name}^{fit['exponent']:.2f} ({a / 1e6:,.1f} MB "
-                           f"at {sizes[0]:g}, {b / 1e6:,.1f} MB at {sizes[1]:g}; from the op "
-                           f"graph)"))  # fmt: skip
+        console.print(
+            Text(
+                f"peak memory scales as {name}^{fit['exponent']:.2f} ({a / 1e6:,.1f} MB "
+                f"at {sizes[0]:g}, {b / 1e6:,.1f} MB at {sizes[1]:g}; from the op "
+                f"graph)"
+            )
+        )
     t = Table(title="top ops (roofline)")
     for col in ("op", "ms/step", "share", "GFLOP", "MB", "FLOP/B", "bound", "% of ceiling"):
         t.add_column(col, justify="left" if col == "op" else "right")
     for row in r["top"]:
-        t.add_row(Text(row["name"]), f"{row['ms_per_step']:.3f}", f"{100 * row['share']:.0f}%",
-                  f"{row['flops'] / 1e9:,.2f}", f"{row['bytes'] / 1e6:,.1f}",
-                  f"{row['intensity']:,.1f}", row["bound"], f"{row['pct_of_ceiling']:.0f}%")  # fmt: skip
+        t.add_row(
+            Text(row["name"]),
+            f"{row['ms_per_step']:.3f}",
+            f"{100 * row['share']:.0f}%",
+            f"{row['flops'] / 1e9:,.2f}",
+            f"{row['bytes'] / 1e6:,.1f}",
+            f"{row['intensity']:,.1f}",
+            row["bound"],
+            f"{row['pct_of_ceiling']:.0f}%",
+        )
     console.print(t)
     f = Table(title="findings, by predicted saving")
     f.add_column("finding", no_wrap=True)
@@ -42,9 +57,14 @@ def render_text(r: dict, console) -> None:
     for x in r["findings"]:
         name = x["kind"] + (f" ({x['pattern']})" if x["pattern"] else "")
         now = x["evidence"].get("measured_ms_unfused")
-        f.add_row(Text(name), Text(x["where"]), f"{x['est_saving_ms']:.3f}",
-                  "" if now is None else f"{now:.3f}", f"{x['bytes_avoidable'] / 1e6:,.1f}",
-                  Text(x["fix"]))  # fmt: skip
+        f.add_row(
+            Text(name),
+            Text(x["where"]),
+            f"{x['est_saving_ms']:.3f}",
+            "" if now is None else f"{now:.3f}",
+            f"{x['bytes_avoidable'] / 1e6:,.1f}",
+            Text(x["fix"]),
+        )
     console.print(f if r["findings"] else "no findings")
     for sk in r["skipped"]:
         console.print(Text(f"not run: {sk['analysis']}: {sk['reason']}", style="dim"))
