@@ -216,12 +216,13 @@ def test_user_strings_are_never_markup(tmp_path, capsys):
 
 def test_report_json_is_strict(tmp_path):
     """Ops that move no bytes have infinite intensity: written as null, never as Infinity."""
-    from fusewise.report import Report
+    from fusewise.report import Device, Report, StepSummary, TopOp
 
+    inf, nan = float("inf"), float("nan")
     r = Report(
-        device={"name": "x"},
-        step={"median_ms": float("nan")},
-        top=[{"intensity": float("inf"), "flops": 1.0}],
+        device=Device("x", "cpu", 1.0, 1.0, 1.0),
+        step=StepSummary(nan, None, 1, None, 0),
+        top=[TopOp("aten::t", 0.1, 0.1, 1.0, 0.0, inf, "compute", 0.0)],
     )
     d = strict_json(r.to_json())
     assert d["top"][0]["intensity"] is None and d["step"]["median_ms"] is None

@@ -13,6 +13,7 @@ from fusewise.diagnose.chains import find_chains
 from fusewise.diagnose.quadratic import find_quadratic
 from fusewise.examples import gpt
 from fusewise.hardware import Ceilings
+from fusewise.report import Skipped
 
 DATA = pathlib.Path(__file__).parent / "data"
 H200 = Ceilings("NVIDIA H200 (PERF.md)", "cuda", 4274.0, 686.0, "test")
@@ -315,16 +316,60 @@ def test_a_billion_parameter_step_records_on_meta_tensors():
     assert {"attention", "norm", "cross-entropy"} <= found
 
 
-def test_a_failing_analyzer_is_reported_not_fatal(monkeypatch):
-    from fusewise.diagnose import driver
+def observed(graph, op_ms=None, times_ms=(1.0,), captured_ms=2.0, device="cuda", **kw):
+    """An Observation of a recorded (golden) graph, with the timings given."""
+    from fusewise.capture.observation import Observation
 
-    def broken(graph, ceil):
+    return Observation(graph, list(times_ms), dict(op_ms or {}), captured_ms, device, **kw)
+
+
+def test_a_failing_analyzer_is_reported_not_fatal(monkeypatch):
+    from fusewise.diagnose import chains, driver, registry
+
+    def broken(obs, ceil):
         raise ZeroDivisionError("boom")
 
-    monkeypatch.setattr(driver, "find_chains", broken)
-    r = driver.build_report(golden("naive"), {}, [1.0], None, H200, 2.0)
-    assert {"analysis": "fusion-chains", "reason": "failed: ZeroDivisionError: boom"} in r.skipped
+    monkeypatch.setitem(registry._ANALYZERS, "fusion-chains", broken)
+    assert registry.analyzers()["fusion-chains"] is broken
+    r = driver.analyze(observed(golden("naive")), H200)
+    assert Skipped("fusion-chains", "failed: ZeroDivisionError: boom") in r.skipped
     assert any(f.kind == "quadratic-memory" for f in r.findings)  # the others still ran
+    monkeypatch.undo()
+    assert registry.analyzers()["fusion-chains"] is chains.analyze
+
+
+def test_every_analyzer_is_registered_and_says_why_it_did_not_run():
+    """The driver runs every analyzer module of diagnose/ (none listed by hand); one that cannot
+    run on the observation says why under skipped."""
+    from fusewise.diagnose import driver, registry
+
+    names = set(registry.analyzers())
+    assert names == {
+        "fusion-chains",
+        "quadratic-intermediates",
+        "attention-fallback",
+        "host-syncs",
+        "timeline gaps (launch overhead, data loading, idle host)",
+        "memory-scaling",
+    }
+    r = driver.analyze(observed(golden("naive")), H200)
+    assert {s.analysis for s in r.skipped} == {
+        "memory-scaling",
+        "timeline gaps (launch overhead, data loading, idle host)",
+    }
+    assert "--sizes" in next(s.reason for s in r.skipped if s.analysis == "memory-scaling")
+
+
+def test_the_cross_entropy_fix_names_fusewise_op():
+    """Fix texts come from the registry the op families fill: the loss chain of the golden
+    graph points at fusewise.ops.linear_cross_entropy, the norm at fusewise's norms."""
+    found = by_key(find_chains(golden("naive"), H200))
+    assert (
+        "fusewise.ops.linear_cross_entropy"
+        in found[("cross-entropy", line_of(LOGITS), "forward")].fix
+    )
+    assert "fusewise.ops.layer_norm" in found[("norm", line_of(NORM), "forward")].fix
+    assert "fusewise.optim.AdamW" in found[("optimizer", line_of(OPT_STEP), "optimizer")].fix
 
 
 @pytest.mark.gpu

@@ -4,9 +4,9 @@ import shutil
 import subprocess
 
 import pytest
-from test_diagnose import golden
+from test_diagnose import golden, observed
 
-from fusewise.diagnose.driver import build_report
+from fusewise.diagnose.driver import analyze
 from fusewise.hardware import Ceilings
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -15,7 +15,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def report():
     ceil = Ceilings("NVIDIA H200 (PERF.md)", "cuda", 4274.0, 686.0, "test")
     op_ms = {"aten::mm": 2.0, "aten::_softmax": 0.5, "aten::bmm": 0.7, "aten::mul": 0.3}
-    return build_report(golden("naive"), op_ms, [10.0, 11.0, 12.0], None, ceil, 20.0)
+    return analyze(observed(golden("naive"), op_ms, [10.0, 11.0, 12.0], 20.0), ceil)
 
 
 def test_html_is_self_contained(tmp_path):

@@ -6,10 +6,22 @@ import pytest
 import torch
 
 from fusewise.capture import profiler
+from fusewise.capture.observation import Observation
 from fusewise.capture.opgraph import OpGraph, OpRecord, Value
+from fusewise.capture.timeline import Timeline, timeline_from_profiler
+from fusewise.diagnose import registry, syncs, timeline
 from fusewise.diagnose import thresholds as T
-from fusewise.diagnose.findings import Finding
-from fusewise.diagnose.timeline import Timeline, classify, find_gaps, timeline_from_profiler
+from fusewise.diagnose._gaps import classify
+from fusewise.diagnose.timeline import find_gaps
+from fusewise.report import Finding
+
+
+def gap_findings(tl, graph, sync_findings, step_ms=None, loader_lines=None):
+    """What the two analyzers that read the timeline find together: the gaps, and the host-sync
+    findings with their share of the idle after a sync."""
+    return find_gaps(tl, graph, step_ms, loader_lines) + syncs.share_sync_idle(
+        sync_findings, tl, step_ms
+    )
 
 
 def kernels(start, n, dur, gap):
@@ -36,6 +48,16 @@ def synthetic(steps=2):
         device.append((t + 250, t + 260, "k"))
         t += 260
     return Timeline((0.0, t), device, syncs, loader, host, steps)
+
+
+def graph_with_syncs():
+    """Two .item() calls of a GPU tensor on one line."""
+    values = {0: Value(0, (), "float32", 4, device="cuda"), 1: Value(1, (), "float32", 4)}
+    ops = [
+        OpRecord(i, "aten._local_scalar_dense.default", "forward", [0], [1], 1.0, 8.0, "train.py:3")
+        for i in range(2)
+    ]
+    return OpGraph(ops, values)
 
 
 def graph_with_short_ops():
@@ -77,7 +99,7 @@ def test_findings_cost_the_idle_time_per_step_and_name_lines():
         fix="...",
         evidence={"syncs_per_step": 1},
     )
-    found = {f.kind: f for f in find_gaps(synthetic(), graph_with_short_ops(), [sync])}
+    found = {f.kind: f for f in gap_findings(synthetic(), graph_with_short_ops(), [sync])}
     assert set(found) == {"launch-overhead", "host-sync", "data-loading", "idle-gap"}
     assert found["launch-overhead"].est_saving_ms == pytest.approx(99 * 15 / 1e3)
     assert found["launch-overhead"].where == "train.py:7"  # most short ops
@@ -94,13 +116,13 @@ def test_idle_time_is_scaled_to_the_plain_step():
     """The profiled step ran slower than the plain one: idle times shrink by the ratio."""
     tl = synthetic()
     window_ms = tl.window[1] / 2e3
-    plain = {f.kind: f.est_saving_ms for f in find_gaps(tl, graph_with_short_ops(), [])}
-    half = {f.kind: f for f in find_gaps(tl, graph_with_short_ops(), [], step_ms=window_ms / 2)}
+    plain = {f.kind: f.est_saving_ms for f in gap_findings(tl, graph_with_short_ops(), [])}
+    half = {f.kind: f for f in gap_findings(tl, graph_with_short_ops(), [], step_ms=window_ms / 2)}
     assert set(half) == set(plain)
     for kind, ms in plain.items():
         assert half[kind].est_saving_ms == pytest.approx(ms / 2)
         assert half[kind].evidence["idle_scaled_by"] == 0.5
-    faster = find_gaps(tl, graph_with_short_ops(), [], step_ms=2 * window_ms)
+    faster = gap_findings(tl, graph_with_short_ops(), [], step_ms=2 * window_ms)
     assert {f.kind: f.est_saving_ms for f in faster} == pytest.approx(plain)  # never scaled up
 
 
@@ -119,7 +141,7 @@ def test_data_loading_is_named_at_the_line_that_takes_batches():
     assert n == 3 and "test_timeline.py" in where
     (f,) = [
         f
-        for f in find_gaps(synthetic(), graph_with_short_ops(), [], loader_lines=lines)
+        for f in gap_findings(synthetic(), graph_with_short_ops(), [], loader_lines=lines)
         if f.kind == "data-loading"
     ]
     assert f.where == where and f.evidence["batches_taken_at"] == {where: 3}
@@ -142,12 +164,14 @@ def test_sync_idle_is_shared_by_syncs_per_step_and_unseen_syncs_get_a_finding():
 
     out = {
         f.where: f
-        for f in find_gaps(synthetic(), graph_with_short_ops(), [mk("a.py:1", 3), mk("b.py:2", 1)])
+        for f in gap_findings(
+            synthetic(), graph_with_short_ops(), [mk("a.py:1", 3), mk("b.py:2", 1)]
+        )
     }
     assert out["a.py:1"].est_saving_ms == pytest.approx(3 * out["b.py:2"].est_saving_ms)
     assert out["a.py:1"].est_saving_ms + out["b.py:2"].est_saving_ms == pytest.approx(0.3)
     unseen = [
-        f for f in find_gaps(synthetic(), graph_with_short_ops(), []) if f.kind == "host-sync"
+        f for f in gap_findings(synthetic(), graph_with_short_ops(), []) if f.kind == "host-sync"
     ]
     assert len(unseen) == 1 and "cudaStreamSynchronize" in unseen[0].title
 
@@ -155,18 +179,15 @@ def test_sync_idle_is_shared_by_syncs_per_step_and_unseen_syncs_get_a_finding():
 def test_small_idle_is_not_a_finding_and_no_timeline_changes_nothing():
     tl = Timeline((0.0, 10_000.0), kernels(0.0, 10, 990.0, 10.0) + [(9990.0, 10_000.0, "k")])
     assert sum(g1 - g0 for g in classify(tl).values() for g0, g1 in g) == 90.0
-    assert find_gaps(tl, graph_with_short_ops(), []) == []  # 0.1 ms of 10: under GAP_MIN_SHARE
+    assert gap_findings(tl, graph_with_short_ops(), []) == []  # 0.1 ms of 10: under GAP_MIN_SHARE
     assert 0.09 < T.GAP_MIN_SHARE * 10
-    sync = Finding(
-        kind="host-sync",
-        title="",
-        where="x:1",
-        est_saving_ms=0.0,
-        bytes_avoidable=0.0,
-        fix="",
-        evidence={"syncs_per_step": 1},
-    )
-    assert find_gaps(None, graph_with_short_ops(), [sync]) == [sync]
+    # without a timeline (a CPU step) the host-sync analyzer returns the op graph's syncs as
+    # they are, and the timeline analyzer says why it cannot run
+    obs = Observation(graph_with_syncs(), [1.0], {}, 2.0, "cpu", timeline=None)
+    assert syncs.analyze(obs, None) == syncs.find_syncs(obs.graph) != []
+    assert all(f.est_saving_ms == 0.0 for f in syncs.analyze(obs, None))
+    with pytest.raises(registry.Skip, match="no device activity"):
+        timeline.analyze(obs, None)
 
 
 @pytest.mark.gpu
@@ -203,9 +224,7 @@ def test_a_real_step_shows_launch_overhead_sync_idle_and_loader_waits():
     profiler.release(prof)  # before the recorder's session (capture/profiler.py says why)
     with Recorder() as rec:
         step()
-    from fusewise.diagnose.syncs import find_syncs
-
-    found = {f.kind: f for f in find_gaps(tl, rec.graph, find_syncs(rec.graph))}
+    found = {f.kind: f for f in gap_findings(tl, rec.graph, syncs.find_syncs(rec.graph))}
     assert {"launch-overhead", "data-loading"} <= set(found)
     assert found["data-loading"].est_saving_ms > 1.0  # 2 ms of sleep per batch
     assert "test_timeline.py" in found["launch-overhead"].where

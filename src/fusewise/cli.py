@@ -187,8 +187,7 @@ def _output_problem(path: str | None, flag: str, script: str, taken: dict) -> st
 
 def _diagnose_script(console: Console, args) -> int:
     from . import hardware
-    from .capture.script import StepObserver
-    from .diagnose.driver import build_report
+    from .diagnose.driver import analyze
 
     if args.steps < 1 or args.warmup < 1:
         console.print(
@@ -220,51 +219,44 @@ def _diagnose_script(console: Console, args) -> int:
             )
         )
         return 2
-    runs = []
-    variants = (
-        [_with_size(args.script_args, sizes[0], v) for v in sizes[3]]
-        if sizes
-        else [args.script_args]
-    )
-    for script_args in variants:
-        obs = StepObserver(args.steps, args.warmup)
-        obs.run(args.script, script_args)
-        if not obs.complete:
-            said = obs.shortfall(args.script)
-            if sizes:
-                said += f"\n(run with the arguments {script_args}, for --sizes {args.sizes})"
-            console.print(Text(said, style="red"))
-            return 1
-        runs.append(obs)
-    obs = runs[-1]
-    extra_findings, scaling = [], None
-    if sizes:
-        from .diagnose import scaling as sc
-
-        at = (runs[0].recorder.graph, sizes[1], obs.recorder.graph, sizes[2])
-        kw = dict(name=sizes[0], measured=(runs[0].peak, runs[1].peak) if obs.cuda else None)
-        extra_findings, scaling = sc.find_scaling(*at, **kw), sc.fit(*at, **kw)
-    ceil = hardware.ceilings("cuda" if obs.cuda else "cpu")
-    report = build_report(
-        obs.recorder.graph,
-        obs.op_ms,
-        obs.times_ms,
-        obs.peak,
-        ceil,
-        obs.captured_ms,
-        extra_findings=extra_findings,
-        scaling_ran=bool(sizes),
-        timeline=obs.timeline,
-        loader_lines=obs.loader_lines,
-    )
-    if scaling is not None:  # shown whatever the exponent (a finding only when quadratic)
-        report.step["memory_scaling"] = scaling
+    observations = _observe(console, args, sizes)
+    if observations is None:
+        return 1
+    obs = observations[-1]
+    if sizes:  # the second size's observation carries the first (memory scaling)
+        obs.other = observations[0]
+    report = analyze(obs, hardware.ceilings(obs.device))
     if args.json:  # files first: the terminal rendering must never cost them
         report.save_json(args.json)
     if args.html:
         report.save_html(args.html)
     report.render(console)
     return 0
+
+
+def _observe(console: Console, args, sizes) -> list | None:
+    """The script's Observation, or one per size with --sizes; None (said) if a run fell short."""
+    from .capture.script import ScriptRun
+
+    if not sizes:
+        variants = [(args.script_args, None)]
+    else:
+        name, a, b, written = sizes
+        variants = [
+            (_with_size(args.script_args, name, v), (name, x)) for v, x in zip(written, (a, b))
+        ]
+    observations = []
+    for script_args, size in variants:
+        run = ScriptRun(args.steps, args.warmup)
+        run.run(args.script, script_args)
+        if not run.complete:
+            said = run.shortfall(args.script)
+            if sizes:
+                said += f"\n(run with the arguments {script_args}, for --sizes {args.sizes})"
+            console.print(Text(said, style="red"))
+            return None
+        observations.append(run.schedule.observation(size=size))
+    return observations
 
 
 def _with_size(args: list[str], name: str, value: str) -> list[str]:

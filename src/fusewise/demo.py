@@ -39,14 +39,12 @@ def run(console: Console, *, steps: int = 7, warmup: int = 2) -> int:
     t = Table(title=f"naive -> {fixed}: what changed")
     for col in ("", "naive", fixed):
         t.add_column(col, justify="left" if not col else "right")
-    t.add_row(
-        "step ms (median)", f"{before.step['median_ms']:.2f}", f"{after.step['median_ms']:.2f}"
-    )
-    if before.step.get("peak_memory_bytes"):
+    t.add_row("step ms (median)", f"{before.step.median_ms:.2f}", f"{after.step.median_ms:.2f}")
+    if before.step.peak_memory_bytes:
         t.add_row(
             "peak memory GB",
-            f"{before.step['peak_memory_bytes'] / 1e9:.2f}",
-            f"{after.step['peak_memory_bytes'] / 1e9:.2f}",
+            f"{before.step.peak_memory_bytes / 1e9:.2f}",
+            f"{after.step.peak_memory_bytes / 1e9:.2f}",
         )
     t.add_row(
         "predicted saving ms (all findings)",
@@ -62,7 +60,7 @@ def run(console: Console, *, steps: int = 7, warmup: int = 2) -> int:
         t.add_row(f"{kind} {pattern}".strip() + " findings", str(n[0]), str(n[1]))
     console.rule("[bold]before and after[/]")
     console.print(t)
-    measured = before.step["median_ms"] - after.step["median_ms"]
+    measured = before.step.median_ms - after.step.median_ms
     console.print(
         f"measured saving {measured:.2f} ms per step; the predicted saving counts only "
         "avoidable memory traffic at the measured bandwidth (host overhead, launch gaps "

@@ -26,7 +26,10 @@ _GENERIC: dict[tuple[str, str | None], str] = {
     ("fusion-chain", "attention"): (
         "torch.nn.functional.scaled_dot_product_attention (flash / memory-efficient)"
     ),
-    ("fusion-chain", "elementwise"): "torch.compile the function (Inductor fuses elementwise chains)",
+    (
+        "fusion-chain",
+        "elementwise",
+    ): "torch.compile the function (Inductor fuses elementwise chains)",
     ("fusion-chain", "other"): "torch.compile the function, or a custom fused kernel",
     ("quadratic-memory", None): (
         "scaled_dot_product_attention keeps attention linear in memory; check it runs a flash or "
@@ -53,7 +56,7 @@ _GENERIC: dict[tuple[str, str | None], str] = {
         "move host work off the step's critical path (another thread, fewer Python loops per "
         "step) or overlap it with GPU work"
     ),
-    ("sync-idle", None): (
+    ("host-sync", "explicit-sync"): (
         "remove explicit synchronisation from the step (torch.cuda.synchronize, blocking "
         "copies); keep values on the GPU"
     ),

@@ -1,11 +1,10 @@
-"""Observe the steps of a user's script, in-process, for `fusewise diagnose SCRIPT`.
+"""Run a user's script for `fusewise diagnose SCRIPT`, in-process, as `python SCRIPT ARGS` would,
+and drive the step schedule (capture/schedule.py) from where its steps end.
 
 A step ends at each optimizer.step() (torch's global optimizer hooks, so any torch Optimizer) or
-at each fusewise.step() call (for scripts without an optimizer: inference, decode). Counting step
-ends: `warmup` steps run untouched, the next `steps` are timed, the next `steps` run under
-torch.profiler, the next one under the op-graph recorder; then the script is stopped (a
-BaseException raised from the hook, so a script's `except Exception` does not swallow it) and
-the observations are returned. A script that ends sooner is reported with what it reached.
+at each fusewise.step() call (for scripts without an optimizer: inference, decode). Once the
+schedule is complete the script is stopped (a BaseException raised from the hook, so a script's
+`except Exception` does not swallow it). A script that ends sooner is said with what it reached.
 """
 
 from __future__ import annotations
@@ -17,14 +16,10 @@ import runpy
 import site
 import sys
 import sysconfig
-import time
 import traceback
 
-import torch
-
-from . import profiler
-from .loader import loader_lines
-from .opgraph import _FUSEWISE_DIR, _TORCH_DIR, Recorder, shown_path
+from .opgraph import _FUSEWISE_DIR, _TORCH_DIR, shown_path
+from .schedule import StepSchedule
 
 _SKIP_DIRS = (_TORCH_DIR, _FUSEWISE_DIR)
 
@@ -33,7 +28,7 @@ class StopScript(BaseException):
     """Raised at a step end once the diagnosis has seen enough steps."""
 
 
-_active = None  # the StepObserver of the script being run, if any
+_active = None  # the ScriptRun of the script being run, if any
 
 
 def step() -> None:
@@ -43,19 +38,12 @@ def step() -> None:
         _active.explicit_end()
 
 
-class StepObserver:
+class ScriptRun:
+    """One run of a script under a StepSchedule; `schedule.observation()` once `complete`."""
+
     def __init__(self, steps: int, warmup: int):
         self.steps, self.warmup = steps, warmup
-        self.cuda = torch.cuda.is_available()
-        self.ends = 0
-        self.times_ms: list[float] = []
-        self.peak = None
-        self.prof = None
-        self.op_ms, self.timeline = None, None
-        self._loader_cm, self.loader_lines = None, None
-        self.recorder = None
-        self.captured_ms = None
-        self._t = None
+        self.schedule = StepSchedule(steps, warmup)
         self.ended, self.exit_code, self.error = None, None, None
         self._stepping: list = []  # optimizers inside step(), outermost first
         self._explicit, self._optimizers = False, {}
@@ -83,79 +71,31 @@ class StepObserver:
                 self.ended = "optimizers"
                 raise StopScript
             return
-        self.boundary()
+        self._end_step()
 
     def explicit_end(self) -> None:
         """fusewise.step(): from its first call on, only it ends steps; the steps counted from
         optimizer.step() before then are forgotten and the schedule starts again."""
         if not self._explicit:
             self._explicit = True
-            self._restart()
-        self.boundary()
+            self.schedule.close()
+            self.schedule = StepSchedule(self.steps, self.warmup)
+            self.schedule.start()
+        self._end_step()
 
-    def _restart(self) -> None:
-        self._close()
-        self.ends, self.times_ms, self.peak = 0, [], None
-        self.op_ms = self.timeline = self.loader_lines = self.recorder = None
-
-    def _close(self) -> None:
-        """Close what an unfinished schedule left open."""
-        for ctx in (self.recorder, self.prof, self._loader_cm):
-            if ctx is not None and self.captured_ms is None:
-                try:
-                    ctx.__exit__(None, None, None)
-                except Exception:  # already closed
-                    pass
-        if self.prof is not None:
-            profiler.release(self.prof)
-        self.prof = self._loader_cm = None
-
-    def _sync(self):
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def boundary(self) -> None:
-        self._sync()
-        now = time.perf_counter()
-        self.ends += 1
-        k, w, s = self.ends, self.warmup, self.steps
-        if w < k <= w + s:
-            self.times_ms.append((now - self._t) * 1e3)
-        if k == w + s and self.cuda:
-            self.peak = torch.cuda.max_memory_allocated()
-        if k == w + s:
-            self.prof = profiler.start(self.cuda)
-            self._loader_cm = loader_lines()  # the lines that take batches meanwhile
-            self.loader_lines = self._loader_cm.__enter__()
-        if k == w + 2 * s:
-            profiler.stop(self.prof)
-            self._loader_cm.__exit__(None, None, None)
-            self._read_profile()
-            self.recorder = Recorder().__enter__()
-        if k == w + 2 * s + 1:
-            self.recorder.__exit__(None, None, None)
-            self.captured_ms = (now - self._t) * 1e3
+    def _end_step(self) -> None:
+        if self.schedule.step_ended():
             raise StopScript
-        if k == w and self.cuda:
-            torch.cuda.reset_peak_memory_stats()
-        self._t = time.perf_counter()
 
-    def _read_profile(self) -> None:
-        """Op times and the timeline, read from the profile as soon as it stops, and its results
-        freed before the next profiler session starts (capture/profiler.py says why)."""
-        from ..diagnose.driver import op_times
-        from ..diagnose.timeline import timeline_from_profiler
-
-        self.op_ms = op_times(self.prof, self.steps, self.cuda)
-        self.timeline = timeline_from_profiler(self.prof, self.steps)
-        profiler.release(self.prof)
-        self.prof = None
+    @property
+    def complete(self) -> bool:
+        return self.schedule.complete
 
     def run(self, path: str, argv: list[str]) -> None:
         """Run the script as `python path *argv` would, in this process (see _as_python_would).
         How it ended is kept in `self.ended`: "stopped" (enough steps), "finished", "exit"
         (SystemExit, code in `self.exit_code`), "raised" (the exception in `self.error`, in step
-        `self.ends + 1`) or "optimizers" (several optimizers end steps)."""
+        `schedule.ends + 1`) or "optimizers" (several optimizers end steps)."""
         global _active
         from torch.optim.optimizer import (
             register_optimizer_step_post_hook,
@@ -169,7 +109,7 @@ class StepObserver:
         _active = self
         try:
             with _as_python_would(path, argv):
-                self._t = time.perf_counter()
+                self.schedule.start()
                 runpy.run_path(os.path.abspath(path), run_name="__main__")
             self.ended = "finished"
         except StopScript:
@@ -182,35 +122,18 @@ class StepObserver:
             _active = None
             for h in hooks:
                 h.remove()
-            self._close()
-
-    def phase(self, step: int) -> str:
-        """What the diagnosis was doing in step `step` (1-based)."""
-        w, s = self.warmup, self.steps
-        if step <= w:
-            return "a warm-up step"
-        if step <= w + s:
-            return "a timed step"
-        return "a profiled step" if step <= w + 2 * s else "the recorded step"
-
-    @property
-    def complete(self) -> bool:
-        return self.captured_ms is not None
-
-    @property
-    def needed(self) -> int:
-        return self.warmup + 2 * self.steps + 1
+            self.schedule.close()
 
     def shortfall(self, script: str) -> str:
         """Why an incomplete run gave no diagnosis, in words: how the script ended, after how
         many steps, how many were needed, and (for an exception) the traceback with the
         runner's own frames left out."""
         need = (
-            f"the diagnosis needs {self.needed} (--warmup {self.warmup} + 2 x --steps "
+            f"the diagnosis needs {self.schedule.needed} (--warmup {self.warmup} + 2 x --steps "
             f"{self.steps} + 1). A step ends at each optimizer.step() or "
             f"fusewise.step()"
         )
-        n = self.ends
+        n = self.schedule.ends
         if self.ended == "optimizers":
             names = ", ".join(self._optimizers.values())
             return (
@@ -222,7 +145,7 @@ class StepObserver:
         if self.ended == "raised":
             e = self.error
             when = (
-                f"in step {n + 1} ({self.phase(n + 1)})"
+                f"in step {n + 1} ({self.schedule.phase(n + 1)})"
                 if n
                 else "before its first step ended (in start-up or step 1)"
             )

@@ -1,6 +1,6 @@
 """attention-fallback: a scaled_dot_product_attention call that torch ran on its math path (the
 scores and probabilities written out, [.., S, S] in memory) instead of a fused kernel.
-Stateless: (OpGraph, Ceilings) -> list[Finding].
+Stateless: (OpGraph, Ceilings) -> list[Finding]; registered as "attention-fallback".
 
 The recorder notes each call and the aten op that ran it; no fused op (flash, memory-efficient,
 cuDNN) means the math path. The arguments that commonly cause it are listed; torch gives its
@@ -9,8 +9,10 @@ exact reason when a fused backend is forced (the fix says how).
 
 from __future__ import annotations
 
+from .. import fixes
 from ..capture.opgraph import OpGraph
-from .findings import Finding
+from ..report import Finding
+from .registry import analyzer
 
 
 def _suspects(call: dict) -> list[tuple[str, str]]:
@@ -42,6 +44,11 @@ def _suspects(call: dict) -> list[tuple[str, str]]:
     return out
 
 
+@analyzer("attention-fallback")
+def analyze(obs, ceilings) -> list[Finding]:
+    return find_attention_fallback(obs.graph, ceilings)
+
+
 def find_attention_fallback(graph: OpGraph, ceil) -> list[Finding]:
     by_line: dict[str, list[dict]] = {}
     for call in graph.attention:
@@ -58,7 +65,6 @@ def find_attention_fallback(graph: OpGraph, ceil) -> list[Finding]:
         minimum = 4 * n * _itemsize(calls[0]["dtype"]) * len(calls)
         avoidable = max(0.0, written - minimum)
         suspects = _suspects(calls[0])
-        remedies = "".join(f"{r}, " for _, r in suspects)
         findings.append(
             Finding(
                 kind="attention-fallback",
@@ -68,10 +74,8 @@ def find_attention_fallback(graph: OpGraph, ceil) -> list[Finding]:
                 title=f"scaled_dot_product_attention ran torch's math path ({len(calls)} "
                 f"call(s) per step): scores and probabilities written out"
                 + (f"; likely because of {', '.join(c for c, _ in suspects)}" if suspects else ""),
-                fix=f"make a fused backend possible ({remedies}or a call inside "
-                "torch.nn.attention.sdpa_kernel that forces the math backend); run once under "
-                "sdpa_kernel(SDPBackend.FLASH_ATTENTION) or EFFICIENT_ATTENTION to have torch "
-                "say why it refuses",
+                # what this call needs first, then the way to have torch say why
+                fix="; ".join([*(r for _, r in suspects), fixes.text("attention-fallback")]),
                 evidence=dict(
                     calls_per_step=len(calls),
                     shape=calls[0]["shape"],

@@ -1,12 +1,14 @@
 """Breakdown and roofline: time per aten op (from the profiler), FLOPs and bytes per op (from the
 op graph), intensity against the ridge point, the bound, and % of that ceiling reached.
-Stateless: (op times, OpGraph, Ceilings, step ms, steps) -> list of rows."""
+Stateless: (op times, OpGraph, Ceilings, step ms, n) -> list[TopOp]. Not an analyzer: the
+driver puts its rows in the report."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
 from ..capture.opgraph import OpGraph
+from ..report import TopOp
 
 
 def profiler_name(aten: str) -> str:
@@ -15,7 +17,9 @@ def profiler_name(aten: str) -> str:
     return f"{parts[0]}::{parts[1]}" if len(parts) >= 2 else aten
 
 
-def top_ops(op_ms: dict[str, float], graph: OpGraph, ceilings, step_ms: float, n: int = 10):
+def top_ops(
+    op_ms: dict[str, float], graph: OpGraph, ceilings, step_ms: float, n: int = 10
+) -> list[TopOp]:
     """op_ms: profiler name -> ms per step. Rows for the n most expensive ops of the graph."""
     flops: dict[str, float] = defaultdict(float)
     nbytes: dict[str, float] = defaultdict(float)
@@ -36,7 +40,7 @@ def top_ops(op_ms: dict[str, float], graph: OpGraph, ceilings, step_ms: float, n
             else f / (ms * 1e-3) / 1e12 / ceilings.matmul_TFLOPs
         )
         rows.append(
-            dict(
+            TopOp(
                 name=name,
                 ms_per_step=ms,
                 share=ms / step_ms if step_ms else 0.0,

@@ -11,16 +11,18 @@ close a chain (attention scores, logits before a loss) when the tensor it shares
 is much larger than its other operands; a chain whose avoidable traffic is small next to the time
 its matmuls need (a feed-forward block) is not reported.
 
-Stateless: (OpGraph, Ceilings) -> list[Finding].
+Stateless: (OpGraph, Ceilings) -> list[Finding]; registered as "fusion-chains".
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
+from .. import fixes
 from ..capture.opgraph import OpGraph, OpRecord
+from ..report import Finding
 from . import thresholds as T
-from .findings import Finding
+from .registry import analyzer
 
 MATMULS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default"}
 # bookkeeping ops that move no activation data worth fusing
@@ -37,15 +39,10 @@ _IGNORED = (
     "aten.scalar_tensor",
 )
 
-FIXES = {
-    "norm": "fusewise.ops.layer_norm / fusewise.ops.rms_norm (or fusewise.nn.LayerNorm / RMSNorm)",
-    "optimizer": "fusewise.optim.AdamW (one fused pass), or torch.optim.AdamW(fused=True)",
-    "cross-entropy": "compute the loss without materialising fp32 logits: torch.compile the "
-    "loss, or a fused linear + cross-entropy",
-    "attention": "torch.nn.functional.scaled_dot_product_attention (flash / memory-efficient)",
-    "elementwise": "torch.compile the function (Inductor fuses elementwise chains)",
-    "other": "torch.compile the function, or a custom fused kernel",
-}
+
+@analyzer("fusion-chains")
+def analyze(obs, ceilings) -> list[Finding]:
+    return find_chains(obs.graph, ceilings)
 
 
 def _kind(op: OpRecord, ridge: float) -> str:
@@ -254,7 +251,7 @@ def find_chains(graph: OpGraph, ceilings) -> list[Finding]:
                 f"{m['minimum'] / 1e6:,.1f} MB",
                 est_saving_ms=avoidable / (bandwidth_GBps * 1e9) * 1e3,
                 bytes_avoidable=avoidable,
-                fix=FIXES[pattern],
+                fix=fixes.text("fusion-chain", pattern),
                 evidence=dict(
                     phase=phase,
                     chains=m["chains"],

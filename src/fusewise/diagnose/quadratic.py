@@ -4,9 +4,11 @@ sequence length. Stateless: (OpGraph) -> list[Finding]."""
 
 from __future__ import annotations
 
+from .. import fixes
 from ..capture.opgraph import OpGraph
+from ..report import Finding
 from . import thresholds as T
-from .findings import Finding
+from .registry import analyzer
 
 # Only ops that make scores or probabilities: an elementwise op on a [B, S, d] activation would
 # match when d == S (seen on the H200 demo: d_model = seq = 1024 flagged the embedding add).
@@ -18,6 +20,11 @@ _MAKERS = (
     "aten.softmax",
     "aten.masked_fill",
 )
+
+
+@analyzer("quadratic-intermediates")
+def analyze(obs, ceilings) -> list[Finding]:
+    return find_quadratic(obs.graph)
 
 
 def find_quadratic(graph: OpGraph) -> list[Finding]:
@@ -47,8 +54,7 @@ def find_quadratic(graph: OpGraph) -> list[Finding]:
             bytes_avoidable=float(nbytes),
             title=f"a {list(shape)} tensor ({nbytes / 1e6:,.1f} MB) grows with the square of the "
             f"sequence length ({shape[-1]})",
-            fix="scaled_dot_product_attention keeps attention linear in memory; check it runs a "
-            "flash or memory-efficient backend (no explicit mask, supported dtype and head dim)",
+            fix=fixes.text("quadratic-memory"),
             evidence=dict(shape=list(shape), bytes=nbytes),
         )
         for where, (nbytes, shape) in sorted(worst.items(), key=lambda kv: -kv[1][0])

@@ -6,17 +6,41 @@ from the op that first writes it to the last op that reads it (views and in-plac
 their storage); the peak is the largest sum of live storages over the step. Inputs and
 parameters that exist before the step are left out (they do not grow with the sequence). On a
 GPU the allocator's measured peak is reported beside it. Stateless:
-(graph at size a, size a, graph at size b, size b[, measured peaks]) -> list[Finding].
+(graph at size a, size a, graph at size b, size b[, measured peaks]) -> list[Finding];
+registered as "memory-scaling", over an Observation and its `other` (the step at the first size).
 """
 
 from __future__ import annotations
 
 import math
 
+from .. import fixes
 from ..capture.opgraph import OpGraph
-from .findings import Finding
+from ..report import Finding
+from .registry import Skip, analyzer
 
 QUADRATIC_EXPONENT = 1.6  # between linear (1) and quadratic (2), with room for constant terms
+
+
+@analyzer("memory-scaling")
+def analyze(obs, ceilings) -> list[Finding]:
+    if obs.other is None:
+        raise Skip("needs the step at two sizes: fusewise diagnose SCRIPT --sizes NAME=V1,V2")
+    return _over_pair(find_scaling, obs)
+
+
+def fit_observations(obs) -> dict | None:
+    """fit() of an observation and its `other`, or None without one (shown whatever the
+    exponent; a finding only when quadratic)."""
+    return _over_pair(fit, obs) if obs.other is not None else None
+
+
+def _over_pair(fn, obs):
+    """fn(graph_a, size_a, graph_b, size_b, name=, measured=) with a = obs.other, b = obs."""
+    a, b = obs.other, obs
+    peaks = (a.peak_memory_bytes, b.peak_memory_bytes)
+    measured = None if None in peaks else peaks
+    return fn(a.graph, a.size[1], b.graph, b.size[1], name=b.size[0], measured=measured)
 
 
 def live_peak(graph: OpGraph) -> tuple[int, int | None]:
@@ -115,8 +139,7 @@ def find_scaling(
             title=f"peak memory grows as {name}^{k:.2f} ({peak_a / 1e6:,.1f} MB at {size_a:g}, "
             f"{peak_b / 1e6:,.1f} MB at {size_b:g})"
             + (f"; the largest live tensor is {list(v.shape)}" if v else ""),
-            fix="a fused attention path (scaled_dot_product_attention with a flash or "
-            "memory-efficient backend) keeps memory linear in the sequence length",
+            fix=fixes.text("quadratic-memory"),
             evidence=evidence,
         )
     ]

@@ -1,15 +1,24 @@
 """Host-device syncs from the op graph: ops that make the host wait for the GPU to drain its
 queue (a value read back: .item(), bool(t), float(t); a data-dependent shape: nonzero,
 masked_select, unique; a blocking copy to the CPU). Each is named with its line and counted per
-step. How long the GPU then sits idle comes from the timeline (timeline.find_gaps fills in
-est_saving_ms on a GPU); from the op graph alone it is 0 and the evidence says so.
-Stateless: (OpGraph) -> list[Finding].
+step. How long the GPU then sits idle comes from the timeline on a GPU (the gaps that end a
+host wait, diagnose/_gaps.py), shared among the lines by their syncs per step; a sync the op
+graph did not see (torch.cuda.synchronize(), a blocking copy outside aten) becomes its own
+finding. From the op graph alone (a CPU step) the saving is 0 and the evidence says so.
+Stateless: (OpGraph, Timeline | None, step ms) -> list[Finding]; registered as "host-syncs".
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+from .. import fixes
 from ..capture.opgraph import OpGraph
-from .findings import Finding
+from ..capture.timeline import Timeline
+from ..report import Finding
+from . import _gaps
+from . import thresholds as T
+from .registry import analyzer
 
 _SYNCING = {
     "aten._local_scalar_dense": ".item() / bool() / float() / int() of a GPU tensor",
@@ -19,6 +28,14 @@ _SYNCING = {
     "aten._unique2": "unique (output size depends on the data)",
     "aten.unique_consecutive": "unique_consecutive (output size depends on the data)",
 }
+
+
+@analyzer("host-syncs")
+def analyze(obs, ceilings) -> list[Finding]:
+    syncs = find_syncs(obs.graph)
+    if obs.timeline is None:
+        return syncs
+    return share_sync_idle(syncs, obs.timeline, obs.median_ms)
 
 
 def _reason(graph: OpGraph, op) -> str | None:
@@ -51,8 +68,7 @@ def find_syncs(graph: OpGraph) -> list[Finding]:
             est_saving_ms=0.0,
             bytes_avoidable=0.0,
             title=f"{e['count']} host-device sync(s) per step: " + "; ".join(sorted(e["reasons"])),
-            fix="keep the value on the GPU (log it every N steps, accumulate with torch ops, "
-            "use torch.where instead of `if`), or copy with non_blocking=True into pinned memory",
+            fix=fixes.text("host-sync"),
             evidence=dict(
                 syncs_per_step=e["count"],
                 phase=e["phase"],
@@ -61,3 +77,33 @@ def find_syncs(graph: OpGraph) -> list[Finding]:
         )
         for where, e in sorted(by_line.items(), key=lambda kv: -kv[1]["count"])
     ]
+
+
+def share_sync_idle(
+    syncs: list[Finding], tl: Timeline, step_ms: float | None = None
+) -> list[Finding]:
+    """`syncs` with the measured post-sync idle shared among their lines by syncs per step; a
+    sync the op graph did not see becomes its own finding."""
+    found = _gaps.idle(tl, step_ms)
+    idle_ms, common = found.per_step_ms.get("host-sync", 0.0), found.evidence
+    total = sum(f.evidence.get("syncs_per_step", 0) for f in syncs)
+    out = []
+    for f in syncs:
+        share = idle_ms * f.evidence.get("syncs_per_step", 0) / total if total else 0.0
+        ev = dict(f.evidence, idle_time=f"measured: {share:.3f} ms per step", **common)
+        out.append(dataclasses.replace(f, est_saving_ms=share, evidence=ev))
+    if not syncs and idle_ms >= T.GAP_MIN_MS:
+        names = sorted({n for _, _, n in tl.syncs})
+        out.append(
+            Finding(
+                kind="host-sync",
+                where="?",
+                est_saving_ms=idle_ms,
+                bytes_avoidable=0.0,
+                title=f"the host waits for the GPU ({', '.join(names)}) and the GPU then idles "
+                f"{idle_ms:.2f} ms per step",
+                fix=fixes.text("host-sync", "explicit-sync"),
+                evidence=dict(common, sync_calls_per_step=len(tl.syncs) / tl.steps),
+            )
+        )
+    return out

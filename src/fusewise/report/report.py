@@ -1,34 +1,78 @@
-"""The Report: JSON (stable schema, DESIGN.md), terminal text (rich) and self-contained HTML."""
+"""The Report: typed dataclasses whose dict is the report JSON (docs/DESIGN.md, Report JSON),
+rendered as terminal text (rich) and self-contained HTML. Imports nothing above report/."""
 
 from __future__ import annotations
 
 import io
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..diagnose.findings import Finding
+from .findings import Finding
+
+
+@dataclass
+class Device:
+    name: str
+    type: str  # "cuda" | "cpu"
+    bandwidth_GBps: float  # measured copy bandwidth (read + write)
+    matmul_TFLOPs: float  # measured matmul rate
+    ridge: float  # FLOP per byte where the two ceilings meet
+
+
+@dataclass
+class StepSummary:
+    median_ms: float  # median of the timed steps
+    peak_memory_bytes: int | None  # the allocator's peak over the timed steps (GPU only)
+    steps_measured: int
+    capture_overhead_ratio: float | None  # the recorded step's time / median_ms
+    ops_recorded: int
+    # with two sizes (--sizes): the fitted exponent of peak memory (diagnose/scaling.py)
+    memory_scaling: dict | None = None
+
+
+@dataclass
+class TopOp:
+    """One row of the breakdown: an op as torch.profiler names it, per step."""
+
+    name: str
+    ms_per_step: float
+    share: float  # of the step's median time
+    flops: float
+    bytes: float
+    intensity: float  # FLOP per byte (inf for an op that moves nothing)
+    bound: str  # "memory" | "compute": intensity against the ridge point
+    pct_of_ceiling: float  # of the bound's ceiling
+
+
+@dataclass
+class Skipped:
+    analysis: str
+    reason: str
 
 
 @dataclass
 class Report:
-    device: dict
-    step: dict
-    top: list[dict] = field(default_factory=list)
+    device: Device
+    step: StepSummary
+    top: list[TopOp] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
-    skipped: list[dict] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         from .. import __version__
 
+        step = asdict(self.step)
+        if step["memory_scaling"] is None:  # present only when two sizes ran
+            del step["memory_scaling"]
         return {
             "fusewise_version": __version__,
-            "device": self.device,
-            "step": self.step,
-            "top": self.top,
+            "device": asdict(self.device),
+            "step": step,
+            "top": [asdict(t) for t in self.top],
             "findings": [f.as_dict() for f in self.findings],
-            "skipped": self.skipped,
+            "skipped": [asdict(s) for s in self.skipped],
         }
 
     def to_json(self) -> str:

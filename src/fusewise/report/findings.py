@@ -1,4 +1,5 @@
-"""Finding: what every analyzer returns (the report renders them; analyzers never print)."""
+"""Finding: what every analyzer returns (the report renders them; analyzers never print). Its
+dict is one entry of the report JSON's "findings" (docs/DESIGN.md, Report JSON)."""
 
 from __future__ import annotations
 
@@ -18,14 +19,14 @@ PATTERNS = ("norm", "optimizer", "cross-entropy", "attention", "elementwise", "o
 
 @dataclass
 class Finding:
-    kind: str
-    title: str
-    where: str
-    est_saving_ms: float
-    bytes_avoidable: float
-    fix: str
-    pattern: str | None = None
-    evidence: dict = field(default_factory=dict)
+    kind: str  # one of KINDS
+    title: str  # one line, in words
+    where: str  # path:line in the user's code ("?" when no line can be named)
+    est_saving_ms: float  # predicted saving per step if fixed
+    bytes_avoidable: float  # per step
+    fix: str  # what to do (fusewise.fixes.text)
+    pattern: str | None = None  # fusion-chain only: one of PATTERNS
+    evidence: dict = field(default_factory=dict)  # the numbers behind it, per kind
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -1,0 +1,139 @@
+"""The step schedule of every diagnosis, whoever drives it.
+
+Counting step ends: the first `warmup` steps run untouched, the next `steps` are timed (median =
+the baseline; the allocator's peak on a GPU), the next `steps` run under torch.profiler (time per
+op; on a GPU the timeline of idle gaps; the lines that take DataLoader batches), and the next one
+under the op-graph recorder (dataflow, bytes, FLOPs, source lines, each GPU op's device time):
+warmup + 2·steps + 1 steps in all. A step is timed from the end of the one before (after a
+device sync), so it includes whatever the loop does between steps.
+
+Drivers: fusewise.diagnose(step) calls step_ended() after each call of step(); the script runner
+(capture/script.py) calls it at each optimizer.step() or fusewise.step(). step_ended() returns
+True once the Observation is complete.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from . import profiler
+from .loader import loader_lines
+from .observation import Observation
+from .opgraph import Recorder
+from .timeline import op_times, timeline_from_profiler
+
+
+class StepSchedule:
+    def __init__(self, steps: int, warmup: int, *, cuda: bool | None = None):
+        if steps < 1 or warmup < 0:
+            raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+        self.steps, self.warmup = steps, warmup
+        self.cuda = torch.cuda.is_available() if cuda is None else cuda
+        self.ends = 0
+        self.times_ms: list[float] = []
+        self.peak = None
+        self.op_ms, self.timeline, self.loader_lines = None, None, None
+        self.graph, self.captured_ms = None, None
+        self._prof = self._loader_cm = self._recorder = None
+        self._t = None
+
+    @property
+    def needed(self) -> int:
+        """Step ends the schedule needs."""
+        return self.warmup + 2 * self.steps + 1
+
+    @property
+    def complete(self) -> bool:
+        return self.captured_ms is not None
+
+    def phase(self, step: int) -> str:
+        """What the schedule does in step `step` (1-based)."""
+        w, s = self.warmup, self.steps
+        if step <= w:
+            return "a warm-up step"
+        if step <= w + s:
+            return "a timed step"
+        return "a profiled step" if step <= w + 2 * s else "the recorded step"
+
+    def start(self) -> None:
+        """The first step starts now (timed from here when warmup is 0)."""
+        if self.warmup == 0:
+            self._begin_timing()
+        self._t = time.perf_counter()
+
+    def step_ended(self) -> bool:
+        """A step ended: advance the schedule. True once the observation is complete."""
+        if self.complete:
+            raise RuntimeError("the schedule is complete; no more steps are observed")
+        self._sync()
+        now = time.perf_counter()
+        self.ends += 1
+        k, w, s = self.ends, self.warmup, self.steps
+        if w < k <= w + s:
+            self.times_ms.append((now - self._t) * 1e3)
+        if k == w + s:
+            if self.cuda:
+                self.peak = torch.cuda.max_memory_allocated()
+            self._prof = profiler.start(self.cuda)
+            self._loader_cm = loader_lines()  # the lines that take batches meanwhile
+            self.loader_lines = self._loader_cm.__enter__()
+        if k == w + 2 * s:
+            profiler.stop(self._prof)
+            self._loader_cm.__exit__(None, None, None)
+            self._loader_cm = None
+            self._read_profile()
+            self._recorder = Recorder().__enter__()
+        if k == w + 2 * s + 1:
+            self._recorder.__exit__(None, None, None)
+            self.graph, self._recorder = self._recorder.graph, None
+            self.captured_ms = (now - self._t) * 1e3  # the recorded step alone
+            return True
+        if k == w:
+            self._begin_timing()
+        self._t = time.perf_counter()
+        return False
+
+    def observation(self, *, size: tuple[str, float] | None = None) -> Observation:
+        if not self.complete:
+            raise RuntimeError(f"the schedule saw {self.ends} of the {self.needed} steps it needs")
+        return Observation(
+            graph=self.graph,
+            times_ms=self.times_ms,
+            op_ms=self.op_ms,
+            captured_ms=self.captured_ms,
+            device="cuda" if self.cuda else "cpu",
+            peak_memory_bytes=self.peak,
+            timeline=self.timeline,
+            loader_lines=self.loader_lines,
+            size=size,
+        )
+
+    def close(self) -> None:
+        """Close what an unfinished schedule left open (the step raised, the script ended)."""
+        for ctx in (self._recorder, self._prof, self._loader_cm):
+            if ctx is not None:
+                try:
+                    ctx.__exit__(None, None, None)
+                except Exception:  # already closed
+                    pass
+        if self._prof is not None:
+            profiler.release(self._prof)
+        self._prof = self._loader_cm = self._recorder = None
+
+    def _begin_timing(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+
+    def _sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def _read_profile(self) -> None:
+        """Op times and the timeline, read as soon as the profile stops, and its results freed
+        before the next profiler session starts (capture/profiler.py says why)."""
+        self.op_ms = op_times(self._prof, self.steps, self.cuda)
+        self.timeline = timeline_from_profiler(self._prof, self.steps)
+        profiler.release(self._prof)
+        self._prof = None
