@@ -1,0 +1,99 @@
+"""The step schedule both drivers share (capture/schedule.py): what runs in which step, how many
+steps it needs, and that an unfinished schedule leaves nothing open."""
+
+import pytest
+import torch
+
+import fusewise
+from fusewise.capture import profiler
+from fusewise.capture.schedule import StepSchedule
+from fusewise.capture.script import ScriptRun
+
+
+def counting_step():
+    calls = []
+    w = torch.randn(64, 64)
+
+    def step():
+        calls.append(torch.is_grad_enabled())
+        (w @ w).relu().sum()
+
+    return step, calls
+
+
+@pytest.mark.parametrize("steps, warmup", [(1, 0), (2, 1), (3, 2)])
+def test_diagnose_calls_the_step_warmup_plus_twice_steps_plus_one_times(steps, warmup):
+    step, calls = counting_step()
+    r = fusewise.diagnose(step, steps=steps, warmup=warmup)
+    assert len(calls) == warmup + 2 * steps + 1
+    assert r.step.steps_measured == steps and r.step.ops_recorded > 0
+
+
+def test_the_schedule_by_hand():
+    s = StepSchedule(steps=2, warmup=1, cuda=False)
+    assert s.needed == 6
+    assert [s.phase(k) for k in range(1, 7)] == [
+        "a warm-up step",
+        "a timed step",
+        "a timed step",
+        "a profiled step",
+        "a profiled step",
+        "the recorded step",
+    ]
+    s.start()
+    w = torch.randn(32, 32)
+    done = []
+    for _ in range(6):
+        w @ w
+        done.append(s.step_ended())
+    assert done == [False] * 5 + [True] and s.complete
+    obs = s.observation(size=("seq", 128.0))
+    assert len(obs.times_ms) == 2 and obs.size == ("seq", 128.0) and obs.device == "cpu"
+    assert any(op.name == "aten.mm.default" for op in obs.graph.ops)  # the recorded step
+    assert obs.op_ms.get("aten::mm", 0) > 0  # the profiled steps
+    with pytest.raises(RuntimeError, match="complete"):
+        s.step_ended()
+
+
+def test_an_unfinished_schedule_says_so_and_closes_what_it_opened():
+    s = StepSchedule(steps=1, warmup=0, cuda=False)
+    s.start()
+    s.step_ended()  # the timed step: the profiler is now running
+    with pytest.raises(RuntimeError, match="saw 1 of the 3 steps"):
+        s.observation()
+    s.close()
+    prof = profiler.start(cuda=False)  # would raise if the schedule's profiler were still on
+    profiler.stop(prof)
+    profiler.release(prof)
+
+
+def test_a_step_that_raises_in_the_recorded_step_leaves_no_profiler_or_recorder():
+    calls = []
+
+    def step():
+        calls.append(1)
+        if len(calls) == 4:
+            raise ValueError("step 4")
+        torch.ones(3).sum()
+
+    with pytest.raises(ValueError, match="step 4"):
+        fusewise.diagnose(step, steps=1, warmup=1)
+    r = fusewise.diagnose(lambda: torch.ones(3).sum(), steps=1, warmup=0)  # starts clean
+    assert r.step.ops_recorded > 0
+
+
+def test_the_script_runner_drives_the_same_schedule(tmp_path):
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import torch, fusewise\n"
+        "w = torch.randn(16, 16)\n"
+        "for i in range(100):\n"
+        "    w @ w\n"
+        "    fusewise.step()\n"
+    )
+    run = ScriptRun(steps=2, warmup=1)
+    run.run(str(script), [])
+    assert run.ended == "stopped" and run.complete
+    assert run.schedule.ends == run.schedule.needed == 6
+    obs = run.schedule.observation()
+    assert len(obs.times_ms) == 2 and any(op.name == "aten.mm.default" for op in obs.graph.ops)
