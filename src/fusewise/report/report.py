@@ -9,6 +9,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .._version import __version__
 from .findings import Finding
 
 
@@ -61,8 +62,6 @@ class Report:
     skipped: list[Skipped] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        from .. import __version__
-
         step = asdict(self.step)
         if step["memory_scaling"] is None:  # present only when two sizes ran
             del step["memory_scaling"]
