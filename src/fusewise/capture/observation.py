@@ -8,7 +8,7 @@ import collections
 import statistics
 from dataclasses import dataclass, field
 
-from .opgraph import OpGraph
+from .graph import OpGraph
 from .timeline import Timeline
 
 

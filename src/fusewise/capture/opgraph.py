@@ -12,11 +12,9 @@ it. Bytes and FLOPs come from fusewise.cost.aten_op.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -25,93 +23,13 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import cost
 from . import profiler
+from .graph import OpGraph, OpRecord, Value
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 # ops whose schema says "new tensor" but which return a view of their input's storage
 _VIEW_LIKE = ("aten._unsafe_view",)
 _FUSEWISE_DIR = os.path.dirname(os.path.dirname(__file__))
 _EXAMPLES_DIR = os.path.join(_FUSEWISE_DIR, "examples")  # user code, though it ships with us
-
-
-@dataclass
-class Value:
-    """One tensor value: a tensor object between two in-place writes."""
-
-    vid: int
-    shape: tuple[int, ...]
-    dtype: str
-    nbytes: int
-    obj: int = -1  # vid of the tensor object's first value: in-place writes share it
-    device: str = "cpu"  # device type: "cuda", "cpu", "meta"
-
-    def __post_init__(self):
-        if self.obj < 0:
-            self.obj = self.vid
-
-
-@dataclass
-class OpRecord:
-    index: int
-    name: str  # aten overload, e.g. "aten.mm.default"
-    phase: str  # "forward", "backward" or "optimizer"
-    inputs: list[int]  # value ids read
-    outputs: list[int]  # value ids written (a fresh id for in-place writes)
-    flops: float
-    bytes: float
-    where: str  # path:line in the user's code ("?" when none was found)
-    is_view: bool = False
-    ms: float = 0.0  # measured time of this op in the recorded step (device time on a GPU)
-
-    @property
-    def intensity(self) -> float:
-        return self.flops / self.bytes if self.bytes else float("inf")
-
-
-@dataclass
-class OpGraph:
-    ops: list[OpRecord] = field(default_factory=list)
-    values: dict[int, Value] = field(default_factory=dict)
-    # one entry per F.scaled_dot_product_attention call: where, which aten op ran it (None: the
-    # math path, written out as matmuls and a softmax), the ops it made, and its arguments
-    attention: list[dict] = field(default_factory=list)
-
-    def view_bases(self) -> dict[int, int]:
-        """value id of each view -> the value it is a view of, resolved to the base (a view of a
-        view maps to the first). A value that is its own view (lift_fresh, alias returning its
-        input) is not entered: resolving it must not loop."""
-        base: dict[int, int] = {}
-        for op in self.ops:
-            if op.is_view and op.inputs:
-                src = base.get(op.inputs[0], op.inputs[0])
-                for v in op.outputs:
-                    if v != src:
-                        base[v] = src
-        return base
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "ops": [asdict(o) for o in self.ops],
-                "values": [asdict(v) for v in self.values.values()],
-                "attention": self.attention,
-            }
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> OpGraph:
-        d = json.loads(text)
-        values = {
-            v["vid"]: Value(
-                v["vid"],
-                tuple(v["shape"]),
-                v["dtype"],
-                v["nbytes"],
-                v["obj"],
-                v.get("device", "cpu"),
-            )
-            for v in d["values"]
-        }
-        return cls([OpRecord(**o) for o in d["ops"]], values, d.get("attention", []))
 
 
 _SHOWN: dict[str, str | None] = {}  # code file -> how a line in it is shown (None: not user code)

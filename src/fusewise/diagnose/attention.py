@@ -10,7 +10,7 @@ exact reason when a fused backend is forced (the fix says how).
 from __future__ import annotations
 
 from .. import fixes
-from ..capture.opgraph import OpGraph
+from ..capture.graph import OpGraph
 from ..report import Finding
 from .registry import analyzer
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..capture.opgraph import OpGraph
+from ..capture.graph import OpGraph
 from ..report import TopOp
 
 

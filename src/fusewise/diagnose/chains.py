@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from .. import fixes
-from ..capture.opgraph import OpGraph, OpRecord
+from ..capture.graph import OpGraph, OpRecord
 from ..report import Finding
 from . import thresholds as T
 from .registry import analyzer

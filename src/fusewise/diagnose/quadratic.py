@@ -5,7 +5,7 @@ sequence length. Stateless: (OpGraph) -> list[Finding]."""
 from __future__ import annotations
 
 from .. import fixes
-from ..capture.opgraph import OpGraph
+from ..capture.graph import OpGraph
 from ..report import Finding
 from . import thresholds as T
 from .registry import analyzer

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from .. import fixes
-from ..capture.opgraph import OpGraph
+from ..capture.graph import OpGraph
 from ..report import Finding
 from .registry import Skip, analyzer
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from .. import fixes
-from ..capture.opgraph import OpGraph
+from ..capture.graph import OpGraph
 from ..capture.timeline import Timeline
 from ..report import Finding
 from . import _gaps

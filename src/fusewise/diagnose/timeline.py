@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 
 from .. import fixes
-from ..capture.opgraph import OpGraph
+from ..capture.graph import OpGraph
 from ..capture.timeline import Timeline
 from ..report import Finding
 from . import _gaps

@@ -1,0 +1,89 @@
+"""The op graph a recorded step becomes (capture/opgraph.py records it): values (a tensor between
+two in-place writes), ops (aten overloads with bytes, FLOPs, phase, source line, device time) and
+the scaled_dot_product_attention calls. Plain data, saved as JSON (tests/data's golden graphs)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Value:
+    """One tensor value: a tensor object between two in-place writes."""
+
+    vid: int
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    obj: int = -1  # vid of the tensor object's first value: in-place writes share it
+    device: str = "cpu"  # device type: "cuda", "cpu", "meta"
+
+    def __post_init__(self):
+        if self.obj < 0:
+            self.obj = self.vid
+
+
+@dataclass
+class OpRecord:
+    index: int
+    name: str  # aten overload, e.g. "aten.mm.default"
+    phase: str  # "forward", "backward" or "optimizer"
+    inputs: list[int]  # value ids read
+    outputs: list[int]  # value ids written (a fresh id for in-place writes)
+    flops: float
+    bytes: float
+    where: str  # path:line in the user's code ("?" when none was found)
+    is_view: bool = False
+    ms: float = 0.0  # measured time of this op in the recorded step (device time on a GPU)
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes else float("inf")
+
+
+@dataclass
+class OpGraph:
+    ops: list[OpRecord] = field(default_factory=list)
+    values: dict[int, Value] = field(default_factory=dict)
+    # one entry per F.scaled_dot_product_attention call: where, which aten op ran it (None: the
+    # math path, written out as matmuls and a softmax), the ops it made, and its arguments
+    attention: list[dict] = field(default_factory=list)
+
+    def view_bases(self) -> dict[int, int]:
+        """value id of each view -> the value it is a view of, resolved to the base (a view of a
+        view maps to the first). A value that is its own view (lift_fresh, alias returning its
+        input) is not entered: resolving it must not loop."""
+        base: dict[int, int] = {}
+        for op in self.ops:
+            if op.is_view and op.inputs:
+                src = base.get(op.inputs[0], op.inputs[0])
+                for v in op.outputs:
+                    if v != src:
+                        base[v] = src
+        return base
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "ops": [asdict(o) for o in self.ops],
+                "values": [asdict(v) for v in self.values.values()],
+                "attention": self.attention,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> OpGraph:
+        d = json.loads(text)
+        values = {
+            v["vid"]: Value(
+                v["vid"],
+                tuple(v["shape"]),
+                v["dtype"],
+                v["nbytes"],
+                v["obj"],
+                v.get("device", "cpu"),
+            )
+            for v in d["values"]
+        }
+        return cls([OpRecord(**o) for o in d["ops"]], values, d.get("attention", []))
