@@ -26,7 +26,10 @@ _GENERIC: dict[tuple[str, str | None], str] = {
     ("fusion-chain", "attention"): (
         "torch.nn.functional.scaled_dot_product_attention (flash / memory-efficient)"
     ),
-    ("fusion-chain", "elementwise"): "torch.compile the function (Inductor fuses elementwise chains)",
+    (
+        "fusion-chain",
+        "elementwise",
+    ): "torch.compile the function (Inductor fuses elementwise chains)",
     ("fusion-chain", "other"): "torch.compile the function, or a custom fused kernel",
     ("quadratic-memory", None): (
         "scaled_dot_product_attention keeps attention linear in memory; check it runs a flash or "
