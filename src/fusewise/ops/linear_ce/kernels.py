@@ -58,6 +58,11 @@ def _ce_row(
     valid = tgt != ignore_index
     in_range = (tgt >= 0) & (tgt < V)
     offs = tl.arange(0, BLOCK)
+    # The columns of this row to touch: V, or none past the last row. A column bound rather than
+    # `(cols < V) & row_ok`: Triton's interpreter broadcasts a scalar comparison as an int32
+    # block (its handle carries the operands' type), which 3.9's masked load/store refuse
+    # ("mask has unsupported dtype"); a block comparison is a bool mask on every version.
+    v_row = tl.where(row_ok, V, 0)
     # Online log-sum-exp per lane; the running max starts finite so the first rescale is exp(0)
     # rather than exp(-inf + inf).
     m = tl.full([BLOCK], -1e38, tl.float32)
@@ -65,7 +70,7 @@ def _ce_row(
     zsum = tl.zeros([BLOCK], tl.float32)
     for start in range(0, V, BLOCK):
         cols = start + offs
-        mask = (cols < V) & row_ok
+        mask = cols < v_row
         x = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_SOFTCAP:
             x = softcap * _tanh(x / softcap)
@@ -97,7 +102,7 @@ def _ce_row(
         # second read of the row: recent enough to come from L2 when few rows are in flight
         for start in range(0, V, BLOCK):
             cols = start + offs
-            mask = (cols < V) & row_ok
+            mask = cols < v_row
             x = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
             if HAS_SOFTCAP:
                 t = _tanh(x / softcap)
