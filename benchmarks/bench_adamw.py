@@ -1,13 +1,14 @@
 """AdamW step: fusewise against torch (foreach, fused, for-loop) on ~1e9 parameters.
 
-Byte model (28 B/param, the floor at the copy ceiling):
+Byte model (fusewise.ops.adamw.cost.bytes_per_param: 28 B/param, the floor at the copy ceiling):
   fp32 layout          reads param, grad, m, v (16 B); writes param, m, v (12 B)
   bf16 + fp32 master   reads grad 2, m 4, v 4, master 4; writes m, v, master 4 each, param 2
-GB/s = 28 · params / median step time; % is of the device-to-device copy ceiling measured in the
-same run. Parameter sets: 96 equal tensors (1.0e9 in all), and a Llama-style mix (vocab 128256,
-hidden 2048, 8 layers, MLP 8192, 8 KV heads of 64: two 263M matrices, many 4-50M ones, tiny
-norms). In the bf16 layout no peer keeps master weights; the peer is what users write by hand:
-grads copied to fp32, torch's fused AdamW on fp32 masters, masters copied back to the bf16 model.
+GB/s = those bytes · params / median step time; % is of the device-to-device copy ceiling
+measured in the same run. Parameter sets: 96 equal tensors (1.0e9 in all), and a Llama-style mix
+(vocab 128256, hidden 2048, 8 layers, MLP 8192, 8 KV heads of 64: two 263M matrices, many 4-50M
+ones, tiny norms). In the bf16 layout no peer keeps master weights; the peer is what users write
+by hand: grads copied to fp32, torch's fused AdamW on fp32 masters, masters copied back to the
+bf16 model.
 
     python benchmarks/bench_adamw.py --csv out.csv
 """
@@ -22,8 +23,17 @@ import triton
 
 import fusewise
 from fusewise import hardware
+from fusewise.ops.adamw import cost
 
-BYTES_PER_PARAM = 28
+LAYOUTS = {  # name -> (parameter dtype, fp32 master weights)
+    "fp32": (torch.float32, False),
+    "bf16+master": (torch.bfloat16, True),
+}
+
+
+def bytes_per_param(layout: str) -> int:
+    dtype, master = LAYOUTS[layout]
+    return cost.bytes_per_param(dtype, master=master)
 
 
 def shapes(mix: str) -> list[tuple[int, ...]]:
@@ -70,7 +80,7 @@ def make_optimizer(provider, params, layout):
 
 
 def bench(provider, layout, mix):
-    dtype = torch.bfloat16 if layout == "bf16+master" else torch.float32
+    dtype = LAYOUTS[layout][0]
     g = torch.Generator(device="cuda").manual_seed(0)
     params = []
     for s in shapes(mix):
@@ -96,7 +106,8 @@ def main(argv=None):
     commit = _rows.commit()
     ceiling = hardware.measure_bandwidth(torch.device("cuda"))
     print(f"# {gpu}; torch {torch.__version__}; triton {triton.__version__}; commit {commit}")
-    print(f"# copy ceiling {ceiling:,.0f} GB/s (measured now); byte model 28 B/param")
+    model = ", ".join(f"{k} {bytes_per_param(k)}" for k in LAYOUTS)
+    print(f"# copy ceiling {ceiling:,.0f} GB/s (measured now); byte model B/param: {model}")
     rows = []
     plan = [
         ("fp32", ["fusewise", "fused", "foreach", "for-loop"]),
@@ -106,7 +117,7 @@ def main(argv=None):
         for layout, providers in plan:
             for prov in providers:
                 n, ms = bench(prov, layout, mix)
-                gbps = BYTES_PER_PARAM * n / ms / 1e6
+                gbps = bytes_per_param(layout) * n / ms / 1e6
                 pct = 100 * gbps / ceiling
                 rows.append(
                     _rows.row(

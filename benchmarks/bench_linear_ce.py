@@ -22,6 +22,7 @@ import triton
 
 import fusewise
 from fusewise.ops import reference
+from fusewise.ops.linear_ce import cost
 
 V, D = 128256, 4096
 
@@ -135,7 +136,7 @@ def main(argv=None):
     chunks = [int(c) for c in a.chunks.split(",") if c]
     rows = []
     for n in map(int, a.tokens.split(",")):
-        flops = 6.0 * n * D * V
+        flops = cost.fwd_bwd(n, D, V, torch.bfloat16).flops  # 6·N·d·V, the three GEMMs
         table = {"cublas-3-matmuls": three_matmuls} | providers(chunks if n == 16384 else [])
         for name, fn in table.items():
             try:

@@ -1,6 +1,7 @@
 """LayerNorm / RMSNorm / add+RMSNorm: fusewise against torch, torch.compile, Liger, naive eager.
 
-Byte model (cost.norm, activations only; weights and per-row stats are < 2% at these shapes):
+Byte model (fusewise.ops.norms.cost.norm, activations only; weights and per-row stats are < 2%
+at these shapes):
   forward           layer_norm, rms_norm: reads x, writes y                 2·M·N·s
                     add_rms_norm: reads x, residual, writes y, x+residual   4·M·N·s
   forward+backward  adds reading x (h) and dy and writing dx                +3·M·N·s
@@ -23,8 +24,9 @@ import torch.nn.functional as F
 import triton
 
 import fusewise
-from fusewise import cost, hardware
+from fusewise import hardware
 from fusewise.ops import reference
+from fusewise.ops.norms import cost
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 WIDTHS = [256, 1024, 4096, 8192, 16384, 32768, 65536, 262144]

@@ -40,7 +40,7 @@ def row_kernel_sweep(rows):
     programs per SM x columns per step x warps. Byte model: read twice, write once."""
     import triton
 
-    from fusewise.ops import _linear_ce_rows as R
+    from fusewise.ops.linear_ce import launch as R
 
     z = torch.randn(1024, B.V, device="cuda").bfloat16()
     t = torch.randint(0, B.V, (1024,), device="cuda")

@@ -1,4 +1,4 @@
-"""Tuning sweep for the norm launch heuristics (ops/_norm_launch.py module constants).
+"""Tuning sweep for the norm launch heuristics (ops/norms/launch.py module constants).
 
 Times fusewise rms_norm / layer_norm kernels (bf16, 2**27 elements) forward and backward, replayed
 from a CUDA graph so host overhead stays out, under each setting; prints % of the copy ceiling
@@ -14,7 +14,7 @@ import torch
 import triton
 
 from fusewise import hardware
-from fusewise.ops import _norm_launch as L
+from fusewise.ops.norms import launch as L
 
 
 def graphed_ms(fn):

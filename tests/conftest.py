@@ -26,7 +26,7 @@ def _seed():
 @pytest.fixture(autouse=True)
 def poisoned_outputs(monkeypatch):
     """Kernel outputs start as NaN (floats) so an element a kernel never writes fails the test."""
-    from fusewise.ops import _norm_launch
+    from fusewise.ops.norms import launch as norm_launch
 
     def alloc(shape, dtype, device):
         return torch.full(
@@ -36,7 +36,7 @@ def poisoned_outputs(monkeypatch):
             device=device,
         )
 
-    monkeypatch.setattr(_norm_launch, "alloc", alloc)
+    monkeypatch.setattr(norm_launch, "alloc", alloc)
 
 
 def pytest_collection_modifyitems(config, items):

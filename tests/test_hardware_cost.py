@@ -4,6 +4,9 @@ import pytest
 import torch
 
 from fusewise import cost, hardware
+from fusewise.ops.adamw import cost as adamw_cost
+from fusewise.ops.linear_ce import cost as lce_cost
+from fusewise.ops.norms import cost as norm_cost
 
 
 def test_cpu_ceilings_are_measured_and_cached(tmp_path, monkeypatch):
@@ -47,13 +50,101 @@ def test_datasheet_lookup_prefers_specific_names():
 
 def test_norm_byte_model_matches_perf_md():
     m, n = 32768, 4096
-    assert cost.norm("layer_norm", m, n, torch.bfloat16).bytes == 2 * m * n * 2
-    assert cost.norm_fwd_bwd("rms_norm", m, n, torch.bfloat16).bytes == 5 * m * n * 2
-    assert cost.norm("add_rms_norm", m, n, torch.float32).bytes == 4 * m * n * 4
-    full = cost.norm("layer_norm", m, n, torch.bfloat16, activations_only=False)
+    assert norm_cost.norm("layer_norm", m, n, torch.bfloat16).bytes == 2 * m * n * 2
+    assert norm_cost.norm_fwd_bwd("rms_norm", m, n, torch.bfloat16).bytes == 5 * m * n * 2
+    assert norm_cost.norm("add_rms_norm", m, n, torch.float32).bytes == 4 * m * n * 4
+    full = norm_cost.norm("layer_norm", m, n, torch.bfloat16, activations_only=False)
     assert full.bytes == 2 * m * n * 2 + m * 2 * 4 + 2 * n * 2
     with pytest.raises(ValueError, match="kind must be one of"):
-        cost.norm("batch_norm", 1, 1, torch.float32)
+        norm_cost.norm("batch_norm", 1, 1, torch.float32)
+    assert not hasattr(cost, "norm")  # declared once, by the family
+
+
+def test_adamw_bytes_per_parameter_match_the_benchmark_model():
+    """28 B per parameter in fp32 and in bf16 with fp32 masters (benchmarks/bench_adamw.py)."""
+    assert adamw_cost.bytes_per_param(torch.float32) == 28
+    assert adamw_cost.bytes_per_param(torch.bfloat16, master=True) == 2 + 4 + 4 + 4 + 4 * 3 + 2
+    assert adamw_cost.bytes_per_param(torch.bfloat16) == 14  # all bf16: 4 read, 3 written
+    assert adamw_cost.bytes_per_param(torch.bfloat16, state_dtype=torch.float32) == 12 + 10
+    assert adamw_cost.bytes_per_param(torch.float32, amsgrad=True) == 28 + 8
+    c = adamw_cost.step(1000, torch.float32)
+    assert c.bytes == 28_000 and c.flops == 14_000
+
+
+def test_linear_ce_flops_and_minimum_bytes():
+    n, d, v = 16384, 4096, 128256
+    f = lce_cost.forward(n, d, v, torch.bfloat16)
+    b = lce_cost.backward(n, d, v, torch.bfloat16)
+    both = lce_cost.fwd_bwd(n, d, v, torch.bfloat16)
+    assert (f.flops, b.flops, both.flops) == (2 * n * d * v, 4 * n * d * v, 6 * n * d * v)
+    operands = (n * d + v * d) * 2 + n * 8  # hidden, weight (bf16), int64 targets
+    assert f.bytes == operands + 4
+    assert both.bytes == operands + 4 + (n * d + v * d) * 2  # + dhidden, dweight
+    assert b.bytes == operands + 4 + (n * d + v * d) * 2  # + grad_output; the same gradients
+    with_bias = lce_cost.fwd_bwd(n, d, v, torch.bfloat16, bias=True, target_dtype=torch.int32)
+    assert with_bias.bytes == both.bytes + 2 * v * 2 - n * 4
+    assert lce_cost.backward(n, d, v, torch.bfloat16, recompute=True).flops == 6 * n * d * v
+
+
+def test_registered_op_is_costed_by_its_family_first(monkeypatch):
+    monkeypatch.setitem(cost._REGISTERED, "mylib.fused_", lambda name, i, o: cost.Cost(7.0, 9.0))
+    monkeypatch.setitem(cost._REGISTERED, "mylib.other", lambda name, i, o: None)
+    x = torch.ones(4)
+    assert cost.aten_op("mylib.fused_thing.default", [x], [x]) == cost.Cost(7.0, 9.0)
+    # None: the generic count (each tensor once, a FLOP per element of the largest)
+    assert cost.aten_op("mylib.other.default", [x], [x.clone()]) == cost.Cost(4.0, 32.0)
+    assert cost.aten_op("aten.add.Tensor", [x], [x.clone()]) == cost.Cost(4.0, 32.0)
+    assert {"fusewise.norm_fwd.", "fusewise.norm_bwd.", "fusewise.linear_ce_"} <= set(
+        cost._REGISTERED
+    )
+
+
+def _recorded(fn):
+    from fusewise.capture.opgraph import Recorder
+
+    with Recorder(profile=False) as rec:
+        fn()
+    return [op for op in rec.graph.ops if op.name.startswith("fusewise.")]
+
+
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm", "add_rms_norm"])
+def test_recorded_norm_ops_get_the_family_cost(kind):
+    """The recorder names a custom op "fusewise.norm_fwd.default"; its cost is the family's
+    (weights and statistics included), not the generic one FLOP per element."""
+    m, n = 6, 16
+    x, r, dy, w = torch.randn(m, n), torch.randn(m, n), torch.randn(m, n), torch.randn(n)
+    b = torch.randn(n) if kind == "layer_norm" else None
+    res = r if kind == "add_rms_norm" else None
+    is_rms = kind != "layer_norm"
+    ops = torch.ops.fusewise
+    y, h, mean, rstd = ops.norm_fwd(x, res, w, b, 1e-5, is_rms)
+    (fwd,) = _recorded(lambda: ops.norm_fwd(x, res, w, b, 1e-5, is_rms))
+    dh = torch.randn(m, n) if res is not None else None
+    xn = h if res is not None else x
+    (bwd,) = _recorded(lambda: ops.norm_bwd(dy, dh, xn, w, b, mean, rstd, is_rms))
+    assert (fwd.name, bwd.name) == ("fusewise.norm_fwd.default", "fusewise.norm_bwd.default")
+    want_fwd = norm_cost.norm(kind, m, n, torch.float32, activations_only=False)
+    want_bwd = norm_cost.norm(kind, m, n, torch.float32, backward=True, activations_only=False)
+    assert (fwd.flops, fwd.bytes) == (want_fwd.flops, want_fwd.bytes)
+    assert (bwd.flops, bwd.bytes) == (want_bwd.flops, want_bwd.bytes)
+
+
+def test_recorded_linear_ce_ops_get_the_family_cost():
+    n, d, v = 10, 8, 30
+    h, w, b = torch.randn(n, d), torch.randn(v, d), torch.randn(v)
+    t = torch.randint(0, v, (n,))
+    ops = torch.ops.fusewise
+    opts = (0.0, 0.0, None, False, 0)  # label_smoothing, z_loss, softcap, fp32_accumulate, chunk
+    (fused,) = _recorded(lambda: ops.linear_ce_fused(h, w, t, b, -100, True, *opts))
+    (fwd,) = _recorded(lambda: ops.linear_ce_fwd(h, w, t, None, -100, "none", *opts))
+    g = torch.rand(n)
+    (bwd,) = _recorded(lambda: ops.linear_ce_bwd(g, h, w, t, None, -100, "none", *opts))
+    want = lce_cost.fwd_bwd(n, d, v, torch.float32, bias=True)
+    assert (fused.flops, fused.bytes) == (want.flops, want.bytes) and fused.flops == 6 * n * d * v
+    want = lce_cost.forward(n, d, v, torch.float32, per_token=True)
+    assert (fwd.flops, fwd.bytes) == (want.flops, want.bytes)
+    want = lce_cost.backward(n, d, v, torch.float32, per_token=True, recompute=True)
+    assert (bwd.flops, bwd.bytes) == (want.flops, want.bytes)
 
 
 def test_matmul_and_elementwise_costs():

@@ -2,8 +2,6 @@
 loss and every gradient, every option and reduction, held to eager PyTorch's error in the same
 dtype plus a small slack; chunking forced small so every case crosses chunk boundaries."""
 
-import importlib
-
 import numpy as np
 import pytest
 import torch
@@ -12,9 +10,8 @@ from lce_cases import check, rel
 
 import fusewise
 from fusewise.ops import reference
-
-# the module (fusewise.ops.linear_cross_entropy the attribute is the function of that name)
-lce = importlib.import_module("fusewise.ops.linear_cross_entropy")
+from fusewise.ops.linear_ce import launch as lce
+from fusewise.ops.linear_ce import reference as lce_reference
 
 OPTIONS = {
     "plain": {},
@@ -117,25 +114,19 @@ def test_opcheck(layout, device):
     h, w, t, b = inputs(12, 40, 8, torch.float32, device)
     h, w = (relayout(x, layout).requires_grad_() for x in (h, w))
     ops = torch.ops.fusewise
-    torch.library.opcheck(ops.linear_ce_fwd.default, (h, w, t, b, -100, 0.1, 1e-3, 3.0, False, 0))
-    args = (
-        torch.rand(12, device=device),
-        h.detach(),
-        w.detach(),
-        t,
-        b.detach(),
-        -100,
-        0.0,
-        0.0,
-        None,
-        False,
-        5,
-    )
-    torch.library.opcheck(ops.linear_ce_bwd.default, args)
+    for reduction in ("none", "mean", "sum"):
+        fwd_args = (h, w, t, b, -100, reduction, 0.1, 1e-3, 3.0, False, 0)
+        torch.library.opcheck(ops.linear_ce_fwd.default, fwd_args)
+        grad = torch.rand(12 if reduction == "none" else (), device=device)
+        bwd_args = (grad, h.detach(), w.detach(), t, b.detach(), -100, reduction)
+        torch.library.opcheck(ops.linear_ce_bwd.default, (*bwd_args, 0.0, 0.0, None, False, 5))
     for mean in (True, False):
         torch.library.opcheck(
             ops.linear_ce_fused.default, (h, w, t, b, -100, mean, 0.1, 1e-3, 3.0, mean, 0)
         )
+    for dtype in (torch.float32, torch.bfloat16):
+        grad = relayout(torch.randn(12, 8, device=device), layout)
+        torch.library.opcheck(ops.linear_ce_scale.default, (grad, torch.tensor(0.5), dtype))
 
 
 @pytest.mark.gpu
@@ -201,14 +192,12 @@ def test_row_kernel_matches_its_torch_twin_and_poisons_a_bad_target(layout, devi
     """The chunk pass alone, Triton against torch: statistics, in-place gradient with a
     per-token scale, ignored rows zero, and a target outside [0, V) -> NaN loss (no raise);
     target and scale in any layout (a strided target read as contiguous meets poison)."""
-    from fusewise.ops import _linear_ce_rows as R
-
     z0 = 3 * torch.randn(7, 300, device=device).bfloat16()
     tgt = relayout(torch.tensor([0, 299, -100, 5, 300, -1, 17], device=device), layout)
     scale = relayout(torch.rand(7, device=device) + 0.5, layout)
     opts = (-100, 0.1, 1e-2, 2.5)
     out = {}
-    for name, fn in (("triton", R.ce_rows_triton), ("torch", R.ce_rows_torch)):
+    for name, fn in (("triton", lce.ce_rows_triton), ("torch", lce_reference.ce_rows)):
         z = z0.clone()
         loss, lse = torch.full((7,), 7.0, device=device), torch.full((7,), 7.0, device=device)
         fn(z, tgt, loss, lse, scale, opts)

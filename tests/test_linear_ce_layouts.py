@@ -23,7 +23,7 @@ from layouts import KINDS, expanded, relayout
 from lce_cases import check
 
 import fusewise
-from fusewise.ops import _linear_ce_rows
+from fusewise.ops.linear_ce import launch as lce_launch
 
 # "tstrided": a 3-D [B, T, d] hidden seen through h[:, ::2] of a poisoned [B, 2T, d] buffer
 H_LAYOUTS = (*KINDS, "tstrided")
@@ -145,7 +145,7 @@ def _pow2(shape, gen):
 
 @pytest.mark.parametrize("c", CASES, ids=[_id(c) for c in CASES])
 def test_any_layout_matches_float64(c, device, monkeypatch):
-    monkeypatch.setattr(_linear_ce_rows, "BLOCK_V", 32)
+    monkeypatch.setattr(lce_launch, "BLOCK_V", 32)
     h, w, t, b, g = _inputs(c, device)
     kw = {k: v for o in c["opts"] for k, v in OPTIONS[o].items()}
     kw.update(
@@ -162,7 +162,7 @@ def test_any_layout_matches_float64(c, device, monkeypatch):
 def test_gemm_operands_are_copied_only_when_the_gemm_needs_it(kind, device):
     """Padded rows, h[:, ::2] and .T views go to the GEMMs as they are; only a layout without a
     unit stride (every other element of a row) is copied, once."""
-    from fusewise.ops.linear_cross_entropy import _gemm_ready
+    from fusewise.ops.linear_ce.op import _gemm_ready
 
     x = torch.randn(3, 4, 8, device=device)
     view = _hidden(x, kind) if kind == "tstrided" else relayout(x[0], kind)

@@ -17,7 +17,7 @@ from norm_cases import (
     rel_err,
 )
 
-from fusewise.ops import _norm_launch
+from fusewise.ops.norms import launch as norm_launch
 
 SHAPES = {
     "M1-N7": (1, 7),
@@ -61,10 +61,10 @@ def test_block_path(op, shape_id, dname, device):
 def test_wide_path(op, dname, device, monkeypatch):
     """Rows wider than one block: the chunked kernels, reached at small sizes by lowering the
     block limit (the same code runs for rows past 16384 / 32768 elements)."""
-    monkeypatch.setattr(_norm_launch, "MAX_BLOCK_N", 256)
-    monkeypatch.setattr(_norm_launch, "MAX_BLOCK_N_FWD", 256)
-    monkeypatch.setattr(_norm_launch, "WIDE_CHUNK", 128)
-    monkeypatch.setattr(_norm_launch, "WIDE_CHUNK_FWD", 128)
+    monkeypatch.setattr(norm_launch, "MAX_BLOCK_N", 256)
+    monkeypatch.setattr(norm_launch, "MAX_BLOCK_N_FWD", 256)
+    monkeypatch.setattr(norm_launch, "WIDE_CHUNK", 128)
+    monkeypatch.setattr(norm_launch, "WIDE_CHUNK_FWD", 128)
     dtype = DTYPES[dname]
     check(op, make_inputs(op, (9, 1823), dtype, device), SLACK[dtype])
 
@@ -72,7 +72,7 @@ def test_wide_path(op, dname, device, monkeypatch):
 @pytest.mark.parametrize("op", OPS)
 def test_wide_row_at_real_limits(op, device):
     """65,537 elements: past the forward and backward block limits, with the shipped chunking."""
-    assert _norm_launch.use_wide_path(65537) and _norm_launch.use_wide_path(65537, backward=True)
+    assert norm_launch.use_wide_path(65537) and norm_launch.use_wide_path(65537, backward=True)
     check(op, make_inputs(op, (2, 65537), torch.float32, device), SLACK[torch.float32])
 
 

@@ -1,13 +1,20 @@
 """FLOPs and bytes per op, as functions of shape and dtype.
 
-One table for benchmarks and (later) the diagnosis. Bytes are the *minimum* traffic a fused kernel
-needs: every input read once, every output written once. Dividing them by the measured copy
-bandwidth gives the floor time of a memory-bound op; dividing FLOPs by bytes gives its intensity.
+The base model for benchmarks and the diagnosis: Cost, matmul, elementwise, and aten_op for the
+ops a step records. Bytes are the *minimum* traffic a fused kernel needs: every input read once,
+every output written once. Dividing them by the measured copy bandwidth gives the floor time of a
+memory-bound op; dividing FLOPs by bytes gives its intensity.
+
+Each op family of fusewise.ops declares its own model once, in ops/<family>/cost.py (e.g.
+fusewise.ops.norms.cost.norm), and registers it here for its custom ops (register_op), so a
+recorded "fusewise.norm_fwd.default" is costed by its family. This module imports nothing from
+fusewise.ops.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -51,59 +58,23 @@ def elementwise(
     return Cost(flops_per_element * numel, (n_inputs + n_outputs) * numel * itemsize(dtype))
 
 
-# Arithmetic per element of the normalised tensor (sum, centre, square, sum, scale, shift): small
-# constants, used only for the intensity; the ops are memory-bound by orders of magnitude.
-_NORM_FLOPS_FWD = {"layer_norm": 8.0, "rms_norm": 5.0, "add_rms_norm": 6.0}
-_NORM_FLOPS_BWD = {"layer_norm": 12.0, "rms_norm": 9.0, "add_rms_norm": 10.0}
-
-
-def norm(
-    kind: str,
-    rows: int,
-    cols: int,
-    dtype: torch.dtype,
-    *,
-    backward: bool = False,
-    activations_only: bool = True,
-) -> Cost:
-    """Minimum traffic of a fused normalisation over [rows, cols].
-
-    Byte model (activations, the term that matters when rows >> 1):
-      forward              reads x, writes y                            2·rows·cols·s
-      add_rms_norm forward reads x and residual, writes y and x+residual 4·rows·cols·s
-      backward             reads x and dy, writes dx                    3·rows·cols·s
-      add_rms_norm bwd     reads h, dy (and d(h) if used), writes dx     3·rows·cols·s
-    With activations_only=False the weight/bias, their gradients and the fp32 per-row statistics
-    (mean, rstd) are added too.
-    """
-    if kind not in _NORM_FLOPS_FWD:
-        raise ValueError(f"kind must be one of {sorted(_NORM_FLOPS_FWD)}, got {kind!r}")
-    s = itemsize(dtype)
-    numel = rows * cols
-    if backward:
-        nbytes = 3 * numel * s
-        flops = _NORM_FLOPS_BWD[kind] * numel
-    else:
-        nbytes = (4 if kind == "add_rms_norm" else 2) * numel * s
-        flops = _NORM_FLOPS_FWD[kind] * numel
-    if not activations_only:
-        n_params = 2 if kind == "layer_norm" else 1
-        n_stats = 2 if kind == "layer_norm" else 1
-        nbytes += rows * n_stats * 4 * (2 if backward else 1)  # written forward, read backward
-        nbytes += n_params * cols * s * (2 if backward else 1)  # read; backward also writes grads
-    return Cost(flops, nbytes)
-
-
-def norm_fwd_bwd(kind: str, rows: int, cols: int, dtype: torch.dtype) -> Cost:
-    """Forward plus backward: 5·rows·cols·s for layer_norm/rms_norm (the PERF.md byte model)."""
-    return norm(kind, rows, cols, dtype) + norm(kind, rows, cols, dtype, backward=True)
-
-
 # --- aten ops, for the diagnosis -------------------------------------------------------------
 
 _MATMULS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default"}
 _ATTENTION = ("scaled_dot_product", "_flash_attention", "_efficient_attention")
 _GATHERS = ("aten.embedding.", "aten.index_select.", "aten.gather.", "aten.index.Tensor")
+
+
+# name prefix -> fn(name, inputs, outputs) -> Cost or None (None: the generic count below)
+_REGISTERED: dict[str, Callable[[str, list, list], Cost | None]] = {}
+
+
+def register_op(name_prefix: str, fn: Callable[[str, list, list], Cost | None]) -> None:
+    """aten_op asks fn first for every op whose name starts with name_prefix (the recorder's
+    names: str() of the overload, "fusewise.norm_fwd.default"). fn(name, inputs, outputs) gets
+    the tensor arguments and results as recorded (None arguments left out) and returns a Cost,
+    or None to fall back to the generic count. Registering a prefix again replaces its fn."""
+    _REGISTERED[name_prefix] = fn
 
 
 def aten_op(
@@ -116,7 +87,13 @@ def aten_op(
 ) -> Cost:
     """FLOPs and bytes of one aten op as it ran (as written: each tensor argument read once,
     each output written once; a view moves nothing). Matmuls count 2·m·n·k; attention kernels
-    4·B·H·S_q·S_k·D; everything else one FLOP per element of its largest operand."""
+    4·B·H·S_q·S_k·D; everything else one FLOP per element of its largest operand. An op whose
+    name a family registered (register_op) is costed by that family first."""
+    for prefix, fn in _REGISTERED.items():
+        if name.startswith(prefix):
+            c = fn(name, list(inputs), list(outputs))
+            if c is not None:
+                return c
     if is_view:
         return Cost(0.0, 0.0)
     reads = {id(t): t for t in inputs}

@@ -18,8 +18,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from . import cost, hardware, ops
+from . import hardware, ops
 from .ops import reference
+from .ops.norms import cost
 
 
 def _time_ms(fn, device) -> float:

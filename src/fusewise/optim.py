@@ -1,5 +1,5 @@
 """fusewise.optim.AdamW: a drop-in for torch.optim.AdamW whose step is one fused pass per
-parameter (ops/adamw.py), optionally keeping fp32 master weights for bf16/fp16 models.
+parameter (ops/adamw/), optionally keeping fp32 master weights for bf16/fp16 models.
 
 State per parameter uses torch's keys and meanings (step, exp_avg, exp_avg_sq, max_exp_avg_sq),
 plus master_param with master_weights=True, so checkpoints move between the two optimizers.
@@ -22,8 +22,7 @@ import warnings
 
 import torch
 
-from .ops import adamw as fused
-from .ops import reference
+from .ops.adamw import step_group
 
 _STATE_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
@@ -231,10 +230,16 @@ class AdamW(torch.optim.Optimizer):
             torch._foreach_add_(steps, 1.0)
             if found_inf is not None:  # a skipped step does not count, as in torch
                 torch._foreach_sub_(steps, [found_inf.to(s.device) for s in steps])
-            if fused.kernel_can_run(*params):
-                self._fused_group(gi, group, params, states, grad_scale, found_inf)
-            else:
-                self._reference_group(group, params, states, grad_scale, found_inf)
+            step_group(
+                params,
+                states,
+                lambda p, group=group: self._hyper(group, p),
+                amsgrad=group["amsgrad"],
+                grad_scale=grad_scale,
+                found_inf=found_inf,
+                buckets=self._buckets,
+                key=gi,
+            )
             for p, _ in masters:
                 self._synced[p] = (p._version, p.data_ptr())
         return loss
@@ -252,51 +257,6 @@ class AdamW(torch.optim.Optimizer):
             weight_decay=group["weight_decay"],
             maximize=group["maximize"],
         )
-
-    def _reference_group(self, group, params, states, grad_scale, found_inf):
-        for p, st in zip(params, states):
-            reference.adamw_update(
-                p,
-                p.grad,
-                st["exp_avg"],
-                st["exp_avg_sq"],
-                st.get("max_exp_avg_sq"),
-                st.get("master_param"),
-                st["step"],
-                **self._hyper(group, p),
-                grad_scale=grad_scale,
-                found_inf=found_inf,
-            )
-
-    def _fused_group(self, gi, group, params, states, grad_scale, found_inf):
-        buckets: dict[tuple, list[int]] = {}
-        rows = [_table_row(p, st) for p, st in zip(params, states)]
-        for i, (p, st, row) in enumerate(zip(params, states, rows)):
-            master = "master_param" in st
-            # every pointer the kernel takes as 16-byte aligned (0, an absent one, is)
-            aligned = all(ptr % 16 == 0 for ptr in row[1:7])
-            key = (p.dtype, p.grad.dtype, st["exp_avg"].dtype, master, aligned, p.device)
-            buckets.setdefault(key, []).append(i)
-        for key, idx in buckets.items():
-            p_dtype, g_dtype, s_dtype, master, aligned, device = key
-            cache_key = (gi, key, tuple(params[i].numel() for i in idx))
-            bucket = self._buckets.get(cache_key)
-            if bucket is None:
-                bucket = self._buckets[cache_key] = fused.Bucket([params[i].numel() for i in idx])
-            fused.launch(
-                bucket,
-                [rows[i] for i in idx],
-                device,
-                p_dtype=p_dtype,
-                g_dtype=g_dtype,
-                s_dtype=s_dtype,
-                **self._hyper(group, params[idx[0]]),
-                amsgrad=group["amsgrad"],
-                master=master,
-                grad_scale=grad_scale,
-                found_inf=found_inf,
-                aligned=aligned,
-            )
 
 
 _NO_EFFECT = {"foreach": None, "capturable": False, "fused": None}  # torch's defaults
@@ -352,21 +312,6 @@ def _resync(p: torch.Tensor, master: torch.Tensor) -> None:
         )
     p = p.detach()
     master.copy_(torch.where(master.to(p.dtype) == p, master, p.float()))
-
-
-def _table_row(p, st) -> tuple[int, ...]:
-    vmax = st.get("max_exp_avg_sq")
-    master = st.get("master_param")
-    return (
-        p.numel(),
-        p.data_ptr(),
-        p.grad.data_ptr(),
-        st["exp_avg"].data_ptr(),
-        st["exp_avg_sq"].data_ptr(),
-        vmax.data_ptr() if vmax is not None else 0,
-        master.data_ptr() if master is not None else 0,
-        st["step"].data_ptr(),
-    )
 
 
 def _fits(t: torch.Tensor, shape, dtype, device) -> bool:

@@ -1,9 +1,17 @@
-"""Fused ops: Triton kernels registered as torch custom ops, each with an eager reference."""
+"""Fused ops: Triton kernels registered as torch custom ops, each with an eager reference.
 
+One folder per op family, each with the same files in the same order of dependency: kernels.py
+(@triton.jit only) -> launch.py (host launcher) -> op.py (custom ops, autograd, the public
+functional), beside reference.py (the eager oracle), cost.py (FLOPs and bytes) and __init__.py
+(exports; registers the family's cost model and fix). Families share only _launch.py and
+_dispatch.py, never each other's modules: norms/ (layer_norm, rms_norm, add_rms_norm), adamw/
+(fusewise.optim.AdamW's step), linear_ce/ (linear_cross_entropy).
+"""
+
+from . import adamw, linear_ce, norms, reference
 from ._dispatch import FusewiseFallbackError, paths
-from .layer_norm import layer_norm
-from .linear_cross_entropy import linear_cross_entropy
-from .rms_norm import add_rms_norm, rms_norm
+from .linear_ce import linear_cross_entropy
+from .norms import add_rms_norm, layer_norm, rms_norm
 
 __all__ = [
     "layer_norm",
@@ -12,4 +20,8 @@ __all__ = [
     "linear_cross_entropy",
     "paths",
     "FusewiseFallbackError",
+    "adamw",
+    "linear_ce",
+    "norms",
+    "reference",
 ]

@@ -1,7 +1,17 @@
-"""Small Triton helpers shared by the kernels."""
+"""Helpers shared by every family's launchers and kernels (the families import nothing from
+each other; what two of them need lives here or in _dispatch.py)."""
 
+import functools
+
+import torch
 import triton
 import triton.language as tl
+
+
+@functools.cache
+def sm_count(index: int) -> int:
+    """Multiprocessors of CUDA device `index` (cached: launchers ask on every call)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 @triton.jit

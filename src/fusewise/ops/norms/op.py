@@ -8,7 +8,22 @@
   keep torch.compile(fullgraph=True) free of graph breaks.
 Each implementation runs the Triton kernel, or the eager reference with a warning naming the
 reason (ops/_dispatch.py). No host sync anywhere, so both capture in CUDA graphs.
-Inputs are 2-D [M, N]; the public functions in layer_norm.py / rms_norm.py flatten and validate.
+Inputs are 2-D [M, N]; the public functions (layer_norm, rms_norm, add_rms_norm, at the end)
+validate (validate.py) and flatten.
+
+layer_norm equals (reference.py)::
+
+    mean = x.mean(-1, keepdim=True); var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    y = (x - mean) * rsqrt(var + eps) * weight + bias
+
+rms_norm equals ``y = x * rsqrt((x * x).mean(-1, keepdim=True) + eps) * weight``, and
+add_rms_norm(x, residual, weight) equals ``h = x + residual; (rms_norm(h, weight), h)``: h is
+rounded to x's dtype before it is normalised, exactly as the unfused code would store it. All
+computed in fp32 whatever the activation dtype. Traffic for [M, N] in a dtype of s bytes (cost.py):
+forward reads x and writes y, 2·M·N·s (add_rms_norm reads x and residual and writes y and h,
+4·M·N·s; unfused: 6·M·N·s, h is written then read back), plus fp32 mean and rstd per row;
+backward reads the normalised input and dy (and dh), writes dx, 3·M·N·s; dweight/dbias are
+reduced in fp32 in a fixed order (deterministic).
 """
 
 from __future__ import annotations
@@ -16,7 +31,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import _dispatch, _norm_launch
+from .. import _dispatch
+from . import launch, reference
+from .validate import (
+    as_rows,
+    check_eps,
+    check_floating,
+    check_input,
+    check_param,
+    check_same_device,
+)
 
 
 def _op_name(is_rms: bool, has_residual: bool) -> str:
@@ -27,10 +51,8 @@ def forward_impl(x, residual, weight, bias, eps: float, is_rms: bool):
     """Returns (y, h = x + residual or empty, mean or empty, rstd); mean/rstd fp32 per row."""
     path = _dispatch.choose_path(_op_name(is_rms, residual is not None), x, residual, weight, bias)
     if path == _dispatch.REFERENCE:
-        from . import reference
-
         return reference.norm_forward(x, residual, weight, bias, eps, is_rms)
-    return _norm_launch.norm_forward(x, residual, weight, bias, eps, is_rms)
+    return launch.norm_forward(x, residual, weight, bias, eps, is_rms)
 
 
 def backward_impl(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
@@ -39,10 +61,8 @@ def backward_impl(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     name = _op_name(is_rms, dh is not None) + ".backward"
     path = _dispatch.choose_path(name, dy, dh, x, weight, bias)
     if path == _dispatch.REFERENCE:
-        from . import reference
-
         return reference.norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms)
-    return _norm_launch.norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms)
+    return launch.norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms)
 
 
 def norm(x, residual, weight, bias, eps: float, is_rms: bool) -> tuple[Tensor, Tensor]:
@@ -107,7 +127,7 @@ def _rows(t: Tensor | None) -> Tensor | None:
 
 
 def _check_layout(**tensors) -> None:
-    """What the kernels assume (_norm_launch). norm() and the public ops arrange it; the custom
+    """What the kernels assume (launch.py). norm() and the public ops arrange it; the custom
     ops check it, as they can be called directly (the eager path skips the few microseconds)."""
     for name, t in tensors.items():
         if t is None:
@@ -180,3 +200,77 @@ def _custom_op_backward(ctx, dy, dh, _dmean, _drstd):
 torch.library.register_autograd(
     "fusewise::norm_fwd", _custom_op_backward, setup_context=_setup_context
 )
+
+
+# --- the public functions ---------------------------------------------------------------------
+
+
+def layer_norm(
+    x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5
+) -> Tensor:
+    """LayerNorm over the last dim of x [..., N]; weight, bias: [N] (activation dtype or fp32).
+
+    Returns y with x's shape and dtype. Differentiable in x, weight and bias. Any layout of any
+    input (strided, transposed, a broadcast weight). eps: a number >= 0 (None is an error, as
+    in F.layer_norm).
+    """
+    check_input("x", x)
+    check_param("weight", weight, x)
+    check_param("bias", bias, x)
+    eps = check_eps(eps)
+    if x.numel() == 0:
+        return _empty_like_through(x, weight, bias)
+    y, _ = norm(as_rows(x), None, weight, bias, eps, False)
+    return y.view(x.shape)
+
+
+def _empty_like_through(x: Tensor, *params: Tensor | None) -> Tensor:
+    """An empty output that still carries autograd edges, so backward gives zero gradients."""
+    out = x.new_empty(x.shape) if not x.requires_grad else x * 0
+    for p in params:
+        if p is not None and p.requires_grad:
+            out = out + (p.sum() * 0).to(out.dtype)
+    return out
+
+
+def default_eps(dtype: torch.dtype) -> float:
+    """torch's eps=None for RMSNorm (F.rms_norm, nn.RMSNorm): the machine epsilon of the op-math
+    dtype, float32 for bf16/fp16/fp32 inputs and float64 for float64, not of x's dtype."""
+    return torch.finfo(torch.promote_types(dtype, torch.float32)).eps
+
+
+def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float | None = 1e-6) -> Tensor:
+    """RMSNorm over the last dim of x [..., N]; weight: [N]. Returns x's shape and dtype. Any
+    layout of any input. eps: a number >= 0, or None for torch's default (default_eps), as in
+    F.rms_norm."""
+    check_input("x", x)
+    check_param("weight", weight, x)
+    eps = check_eps(default_eps(x.dtype) if eps is None else eps)
+    if x.numel() == 0:
+        return _empty_like_through(x, weight)
+    y, _ = norm(as_rows(x), None, weight, None, eps, True)
+    return y.view(x.shape)
+
+
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None, eps: float | None = 1e-6):
+    """(rms_norm(x + residual, weight), x + residual) in one pass. x, residual: [..., N], same
+    shape and dtype; weight: [N]. Differentiable in x, residual and weight (both outputs).
+    eps=None means torch's default, as in rms_norm."""
+    check_input("x", x)
+    check_floating("residual", residual)
+    if residual.shape != x.shape:
+        raise ValueError(
+            f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}"
+        )
+    if residual.dtype != x.dtype:
+        raise TypeError(
+            f"residual must have x's dtype {x.dtype}, got {residual.dtype}; cast one of them first"
+        )
+    check_same_device(x, residual=residual)
+    check_param("weight", weight, x)
+    eps = check_eps(default_eps(x.dtype) if eps is None else eps)
+    if x.numel() == 0:
+        h = x + residual
+        return _empty_like_through(h, weight), h
+    y, h = norm(as_rows(x), as_rows(residual), weight, None, eps, True)
+    return y.view(x.shape), h.view(x.shape)

@@ -1,7 +1,7 @@
 """Host launchers for the normalisation kernels: pick the path and tile, allocate, launch.
 
 All tensors arrive validated: x, residual, dy, dh 2-D ([M, N], unit stride along N; rows may be
-strided, even stride 0), weight and bias contiguous [N]; _norm_op arranges it (and checks it
+strided, even stride 0), weight and bias contiguous [N]; op.py arranges it (and checks it
 where the custom ops are called directly).
 No host-device synchronisation: the launchers only read shapes, strides and device properties,
 so they run inside CUDA-graph capture.
@@ -9,12 +9,11 @@ so they run inside CUDA-graph capture.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 
-from . import _norm_kernels as K
+from .._launch import sm_count
+from . import kernels as K
 
 # Widest row the block path keeps in registers (fp32 values per thread stay <= 32 at 16 warps).
 # Wider rows take the chunked wide path. Module-level so tests can lower it to reach that path
@@ -50,15 +49,10 @@ def alloc(shape, dtype, device) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _programs_per_wave(device: torch.device) -> int:
     # Under the interpreter a few programs keep tests fast and still exercise the cross-program
     # reduction of the weight gradient.
-    return _sm_count(device.index or 0) if device.type == "cuda" else 3
+    return sm_count(device.index or 0) if device.type == "cuda" else 3
 
 
 def block_config(n: int, backward: bool = False, is_rms: bool = True) -> tuple[int, int, int]:

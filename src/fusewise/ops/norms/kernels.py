@@ -16,7 +16,7 @@ Row offsets are int64 so tensors past 2**31 elements index correctly.
 import triton
 import triton.language as tl
 
-from ._triton_utils import round_to as _round
+from .._launch import round_to as _round
 
 
 @triton.jit
@@ -230,19 +230,9 @@ def norm_bwd_block_kernel(
         tile = pid + i * n_programs
         if PREFETCH:
             x_raw, dy_raw, mean, rstd = nxt
+            ahead = tile + n_programs
             nxt = _load_bwd_tile(
-                X,
-                DY,
-                Mean,
-                Rstd,
-                tile + n_programs,
-                M,
-                stride_x,
-                stride_dy,
-                cols,
-                col_ok,
-                IS_RMS,
-                BLOCK_M,
+                X, DY, Mean, Rstd, ahead, M, stride_x, stride_dy, cols, col_ok, IS_RMS, BLOCK_M
             )
         else:
             x_raw, dy_raw, mean, rstd = _load_bwd_tile(
@@ -254,9 +244,8 @@ def norm_bwd_block_kernel(
         rows64 = rows.to(tl.int64)[:, None]
         dx, xhat = _dx_tile(x, dy, w, mean, rstd, mask, N, IS_RMS, HAS_W)
         if HAS_DH:
-            dx += tl.load(DH + rows64 * stride_dh + cols[None, :], mask=mask, other=0.0).to(
-                tl.float32
-            )
+            dh = tl.load(DH + rows64 * stride_dh + cols[None, :], mask=mask, other=0.0)
+            dx += dh.to(tl.float32)
         tl.store(DX + rows64 * N + cols[None, :], _round(dx, DX.dtype.element_ty), mask=mask)
         if HAS_W:
             dw_acc += dy * xhat
@@ -302,9 +291,8 @@ def norm_bwd_wide_dx_kernel(
         x = tl.load(X + row64 * stride_x + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         dy = tl.load(DY + row64 * stride_dy + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         xhat = x * rstd[:, None] if IS_RMS else (x - mean[:, None]) * rstd[:, None]
-        wdy = (
-            dy * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else dy
-        )
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else None
+        wdy = dy * w if HAS_W else dy
         s1 += tl.where(col_ok[None, :], xhat * wdy, 0.0)
         s2 += wdy
     c1 = tl.sum(s1, axis=1) / N
@@ -315,18 +303,16 @@ def norm_bwd_wide_dx_kernel(
         x = tl.load(X + row64 * stride_x + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         dy = tl.load(DY + row64 * stride_dy + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         xhat = x * rstd[:, None] if IS_RMS else (x - mean[:, None]) * rstd[:, None]
-        wdy = (
-            dy * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else dy
-        )
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else None
+        wdy = dy * w if HAS_W else dy
         dx = wdy - xhat * c1[:, None]
         if not IS_RMS:
             dx -= c2[:, None]
         dx = dx * rstd[:, None]
         if HAS_DH:
             dx += tl.load(DH + row64 * stride_dh + cols, mask=col_ok, other=0.0).to(tl.float32)
-        tl.store(
-            DX + row64 * N + cols[None, :], _round(dx, DX.dtype.element_ty), mask=col_ok[None, :]
-        )
+        dx_ptrs = DX + row64 * N + cols[None, :]
+        tl.store(dx_ptrs, _round(dx, DX.dtype.element_ty), mask=col_ok[None, :])
 
 
 @triton.jit

@@ -2,7 +2,7 @@
 
 check_args looks at Python values and tensor metadata only, so torch.compile traces it without a
 graph break and a GPU call never syncs. check_targets reads the target's values: the CPU path
-only (on a GPU a bad target makes the loss NaN instead, see _linear_ce_rows.py).
+only (on a GPU a bad target makes the loss NaN instead, see kernels.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Argument checks shared by the fused ops: every message names the argument and what to do."""
+"""Argument checks of the normalisation ops: every message names the argument and what to do."""
 
 from __future__ import annotations
 

@@ -1,0 +1,108 @@
+"""The layout of fusewise.ops (issue #10): one folder per op family with the same files, families
+that import nothing of each other, small modules, and what importing fusewise registers (each
+family's fix and cost model)."""
+
+import ast
+import pathlib
+
+import pytest
+
+import fusewise
+from fusewise import cost, fixes
+
+OPS = pathlib.Path(fusewise.__file__).parent / "ops"
+FAMILIES = ("norms", "adamw", "linear_ce")
+TEMPLATE = ("__init__.py", "kernels.py", "launch.py", "op.py", "reference.py", "cost.py")
+HELPERS = {"norms": {"validate.py"}, "linear_ce": {"args.py"}, "adamw": set()}
+SHARED = {"fusewise.ops._launch", "fusewise.ops._dispatch", "fusewise.cost", "fusewise.fixes"}
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    """Absolute names of the modules `path` imports (relative imports resolved)."""
+    package = ".".join(path.relative_to(OPS.parent.parent).with_suffix("").parts[:-1])
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            # `from .. import _dispatch` imports a module; `from .op import f` a name of one
+            names = [f"{base}.{a.name}" for a in node.names]
+            if base.startswith("fusewise") and all(_is_module(n) for n in names):
+                found.update(names)
+            else:
+                found.add(base)
+    return found
+
+
+def _is_module(name: str) -> bool:
+    rel = pathlib.Path(*name.split(".")[1:])
+    root = OPS.parent
+    return (root / rel).with_suffix(".py").exists() or (root / rel / "__init__.py").exists()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_has_the_template_files(family):
+    files = {p.name for p in (OPS / family).glob("*.py")}
+    assert files == set(TEMPLATE) | HELPERS[family]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_family_imports_only_itself_and_the_shared_modules(family):
+    own = f"fusewise.ops.{family}"
+    for path in (OPS / family).glob("*.py"):
+        for name in _imports(path):
+            if name.startswith("fusewise"):
+                assert name == own or name.startswith(own + ".") or name in SHARED, (path, name)
+            else:
+                assert name.split(".")[0] in {"torch", "triton", "__future__"} or (
+                    name.split(".")[0] in {"math", "operator", "struct", "warnings", "contextlib"}
+                    or name.startswith("collections")
+                ), (path, name)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_kernels_hold_only_triton_functions_and_references_only_torch(family):
+    tree = ast.parse((OPS / family / "kernels.py").read_text())
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # the docstring
+        assert isinstance(node, ast.FunctionDef), ast.dump(node)[:80]
+        assert any(ast.unparse(d) == "triton.jit" for d in node.decorator_list), node.name
+    refs = _imports(OPS / family / "reference.py")
+    assert {n.split(".")[0] for n in refs} <= {"torch", "math", "__future__"}
+
+
+def test_no_module_over_400_lines_and_the_base_cost_model_imports_no_op():
+    for path in OPS.rglob("*.py"):
+        assert len(path.read_text().splitlines()) <= 400, path
+    assert not any(n.startswith("fusewise.ops") for n in _imports(OPS.parent / "cost.py"))
+
+
+def test_importing_fusewise_registers_each_family_fix():
+    apis = {
+        ("fusion-chain", "norm"): ("fusewise.ops.layer_norm", "fusewise.ops.norms"),
+        ("fusion-chain", "optimizer"): ("fusewise.optim.AdamW", "fusewise.ops.adamw"),
+        ("fusion-chain", "cross-entropy"): (
+            "fusewise.ops.linear_cross_entropy",
+            "fusewise.ops.linear_ce",
+        ),
+    }
+    for (kind, pattern), (api, origin) in apis.items():
+        (fix,) = fixes.registered(kind, pattern)
+        assert (fix.api, fix.origin) == (api, origin)
+        text = fixes.text(kind, pattern)
+        assert text.startswith(api) and text.index(api) < text.index("; or ")  # before generic
+    assert "fusewise.ops.linear_cross_entropy" in fixes.text("fusion-chain", "cross-entropy")
+    assert "logits never materialised" in fixes.text("fusion-chain", "cross-entropy")
+
+
+def test_the_families_cost_models_are_registered():
+    assert {"fusewise.norm_fwd.", "fusewise.norm_bwd.", "fusewise.linear_ce_"} <= set(
+        cost._REGISTERED
+    )
