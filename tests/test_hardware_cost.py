@@ -3,6 +3,7 @@ import json
 import pytest
 import torch
 
+import fusewise
 from fusewise import cost, hardware
 from fusewise.ops.adamw import cost as adamw_cost
 from fusewise.ops.linear_ce import cost as lce_cost
@@ -153,3 +154,65 @@ def test_matmul_and_elementwise_costs():
     assert c.intensity == pytest.approx(2 * 8192 / 6)
     e = cost.elementwise(100, torch.float32, n_inputs=2)
     assert (e.flops, e.bytes) == (100, 1200)
+
+
+def test_public_ops_are_recorded_as_one_fusewise_op_each(monkeypatch):
+    """A user's step that already calls fusewise's ops, recorded: each call goes through its
+    custom op while a dispatch mode is active, so the op graph holds one fusewise op with the
+    family's cost (not the interpreter's copies, nor nothing at all as for a GPU launch), on
+    the line that called it, forward and backward, with the path reported."""
+    from fusewise.capture.opgraph import Recorder
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    m, n, v = 6, 32, 40
+    x = torch.randn(m, n, requires_grad=True)
+    w = torch.randn(n, requires_grad=True)
+    head = torch.randn(v, n, requires_grad=True)
+    t = torch.randint(0, v, (m,))
+    with Recorder(profile=False) as rec:
+        y = fusewise.ops.rms_norm(x, w)  # the norm's line
+        fusewise.ops.linear_cross_entropy(y, head, t).backward()
+    names = [op.name for op in rec.graph.ops]
+    ours = [op for op in rec.graph.ops if op.name.startswith("fusewise.")]
+    assert [op.name for op in ours] == [
+        "fusewise.norm_fwd.default",
+        "fusewise.linear_ce_fused.default",
+        "fusewise.linear_ce_scale.default",
+        "fusewise.linear_ce_scale.default",
+        "fusewise.norm_bwd.default",
+    ]
+    assert not any(name.startswith(("aten.copy_", "aten.clone")) for name in names)
+    fwd = ours[0]
+    assert fwd.where.endswith(f":{_line_of('# the norm' + chr(39) + 's line')}")
+    want = norm_cost.norm("rms_norm", m, n, torch.float32, activations_only=False)
+    assert (fwd.flops, fwd.bytes) == (want.flops, want.bytes)
+    assert ours[-1].phase == "backward" and ours[-1].where == fwd.where
+    paths = fusewise.ops.paths()
+    assert paths["rms_norm"] == paths["linear_cross_entropy"] == "triton-interpreter"
+
+
+def _line_of(text: str) -> int:
+    import inspect
+
+    lines = inspect.getsource(inspect.getmodule(_line_of)).splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line and "_line_of" not in line)
+
+
+def test_compiled_linear_ce_on_the_cpu_says_it_runs_the_reference(monkeypatch):
+    """The custom ops that torch.compile traces choose their path as eager calls do: on the CPU
+    without the interpreter they warn (once) and FUSEWISE_STRICT=1 refuses; never silent."""
+    from fusewise.ops import _dispatch
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(_dispatch, "_warned", set())
+    h, head = torch.randn(4, 8, requires_grad=True), torch.randn(20, 8)
+    t = torch.randint(0, 20, (4,))
+    loss = torch.compile(
+        lambda h: fusewise.ops.linear_cross_entropy(h, head, t), backend="eager", fullgraph=True
+    )
+    with pytest.warns(UserWarning, match="linear_cross_entropy: tensors are on the CPU"):
+        loss(h).backward()
+    assert fusewise.ops.paths()["linear_cross_entropy"] == "reference"
+    monkeypatch.setenv("FUSEWISE_STRICT", "1")
+    with pytest.raises(fusewise.ops.FusewiseFallbackError):
+        loss(h)

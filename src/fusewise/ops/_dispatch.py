@@ -11,6 +11,7 @@ import os
 import warnings
 
 import torch
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 TRITON = "triton"
 INTERPRETER = "triton-interpreter"
@@ -23,6 +24,15 @@ _warned: set[tuple[str, str]] = set()
 
 class FusewiseFallbackError(RuntimeError):
     """Raised instead of falling back to the reference path when FUSEWISE_STRICT=1."""
+
+
+def through_custom_op() -> bool:
+    """Call the registered custom op rather than the eager autograd.Function: under
+    torch.compile (which traces it), and while a user-level TorchDispatchMode is active
+    (fusewise's own op-graph recorder, FlopCounterMode, ...), which then sees one
+    `fusewise.<op>` call with its inputs and outputs, costed by the family's cost model,
+    instead of the launches' and the interpreter's own ops or nothing at all. Same kernels."""
+    return torch.compiler.is_compiling() or is_in_torch_dispatch_mode(include_infra_modes=False)
 
 
 def interpreting() -> bool:

@@ -101,7 +101,9 @@ def _second_backward(ctx) -> str:
 
 
 def _path_of(t: Tensor) -> str:
-    return _dispatch.REFERENCE if _dispatch._why_not_triton([t]) else _dispatch.TRITON
+    """The path the custom ops take, chosen, warned and reported as eager calls do (never a
+    silent fallback under torch.compile or the recorder either)."""
+    return _dispatch.choose_path("linear_cross_entropy", t)
 
 
 def _check_cpu_targets(target, ignore_index, v):
@@ -309,7 +311,7 @@ def linear_cross_entropy(
     # target.numel() rows, not -1: a d = 0 hidden has no elements to infer them from
     h2 = _gemm_ready(hidden.reshape(target.numel(), hidden.shape[-1]))
     weight = _gemm_ready(weight)
-    if torch.compiler.is_compiling():
+    if _dispatch.through_custom_op():
         wants_grad = torch.is_grad_enabled() and any(
             x is not None and x.requires_grad for x in (h2, weight, bias)
         )

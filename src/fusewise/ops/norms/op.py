@@ -66,7 +66,8 @@ def backward_impl(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
 
 
 def norm(x, residual, weight, bias, eps: float, is_rms: bool) -> tuple[Tensor, Tensor]:
-    """(y, h or empty) with autograd, through the custom op when compiling, else directly.
+    """(y, h or empty) with autograd, through the custom op when compiling or recorded
+    (_dispatch.through_custom_op), else directly.
     weight, bias: [N] in any layout."""
     # The kernels read weight and bias as contiguous [N]. A view (every other element, a
     # 1-element tensor expanded to N) is copied here, before autograd, rather than giving every
@@ -75,7 +76,7 @@ def norm(x, residual, weight, bias, eps: float, is_rms: bool) -> tuple[Tensor, T
     # the copy back to the tensor the user holds (summed over a broadcast).
     weight = weight.contiguous() if weight is not None else None
     bias = bias.contiguous() if bias is not None else None
-    if torch.compiler.is_compiling():
+    if _dispatch.through_custom_op():
         y, h, _, _ = norm_fwd(x, residual, weight, bias, eps, is_rms)
         return y, h
     return _NormFunction.apply(x, residual, weight, bias, eps, is_rms)
