@@ -97,3 +97,17 @@ def test_the_script_runner_drives_the_same_schedule(tmp_path):
     assert run.schedule.ends == run.schedule.needed == 6
     obs = run.schedule.observation()
     assert len(obs.times_ms) == 2 and any(op.name == "aten.mm.default" for op in obs.graph.ops)
+
+
+def test_no_device_sync_between_profiled_steps(monkeypatch):
+    """The schedule syncs where it must (timed steps, the profiler's stop, the recorded step)
+    and never between profiled steps: a sync there would be profiled as the user's own host
+    wait, and the GPU's idle after it reported as a host-sync finding."""
+    synced_at = []
+    s = StepSchedule(steps=3, warmup=1, cuda=False)
+    monkeypatch.setattr(s, "_sync", lambda: synced_at.append(s.ends + 1))
+    s.start()
+    while not s.step_ended():
+        pass
+    # ends 1 (warm-up), 2-4 (timed), 5-7 (profiled), 8 (recorded)
+    assert synced_at == [1, 2, 3, 4, 7, 8]

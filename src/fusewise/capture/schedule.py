@@ -5,7 +5,8 @@ the baseline; the allocator's peak on a GPU), the next `steps` run under torch.p
 op; on a GPU the timeline of idle gaps; the lines that take DataLoader batches), and the next one
 under the op-graph recorder (dataflow, bytes, FLOPs, source lines, each GPU op's device time):
 warmup + 2·steps + 1 steps in all. A step is timed from the end of the one before (after a
-device sync), so it includes whatever the loop does between steps.
+device sync), so it includes whatever the loop does between steps. The profiled steps run back
+to back, without a sync between them, as in the user's loop.
 
 Drivers: fusewise.diagnose(step) calls step_ended() after each call of step(); the script runner
 (capture/script.py) calls it at each optimizer.step() or fusewise.step(). step_ended() returns
@@ -67,10 +68,13 @@ class StepSchedule:
         """A step ended: advance the schedule. True once the observation is complete."""
         if self.complete:
             raise RuntimeError("the schedule is complete; no more steps are observed")
-        self._sync()
+        k, w, s = self.ends + 1, self.warmup, self.steps
+        if not w + s < k < w + 2 * s:
+            # Not between profiled steps: a sync there would put a host wait and the GPU's idle
+            # after it into the profile (a host-sync finding of the diagnosis' own making)
+            self._sync()
         now = time.perf_counter()
-        self.ends += 1
-        k, w, s = self.ends, self.warmup, self.steps
+        self.ends = k
         if w < k <= w + s:
             self.times_ms.append((now - self._t) * 1e3)
         if k == w + s:
