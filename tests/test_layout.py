@@ -112,16 +112,18 @@ OPS_RULES = {
     "gatherer": ({"helper", "family", "gatherer"}, "ops/__init__ and ops.reference gather them"),
 }
 
-# Inside diagnose: every module but these is an analyzer (a new file is one without editing this
-# test; a subpackage diagnose/<name>/ is one analyzer). Analyzers are stateless functions over
-# the capture that return data (shared/STYLE.md 9: "analyzers never import each other"); they
-# share only the modules in DIAGNOSE_SHARED. driver runs them; it may import any.
+# Inside diagnose (docs/DESIGN.md, "The analyzer template"): every module is an analyzer except
+# driver, which runs them, and the shared modules: thresholds, registry and the helpers diagnose/_*
+# (the driver's own rule for what it imports), so a new analyzer file is covered without editing
+# this test; a subpackage diagnose/<name>/ is one analyzer. Analyzers are stateless functions over
+# the observation that return data (shared/STYLE.md 9: "analyzers never import each other").
 DIAGNOSE = "fusewise.diagnose"
-DIAGNOSE_NOT_ANALYZERS = {"__init__", "driver", "registry", "thresholds"}
-DIAGNOSE_SHARED = {"thresholds", "registry"}
+DIAGNOSE_SHARED = {"thresholds", "registry", "_*"}  # "_*": any name starting with "_"
+DIAGNOSE_NOT_ANALYZERS = {"__init__", "driver"} | DIAGNOSE_SHARED
 DIAGNOSE_WHY = (
-    "analyzers never import each other (nor driver or diagnose/__init__); they share only "
-    "diagnose/thresholds and diagnose/registry"
+    "analyzers never import each other (nor driver or diagnose/__init__); what they share lives "
+    "in diagnose/thresholds, diagnose/registry and the helpers diagnose/_*, and those import no "
+    "analyzer (or two analyzers would be tied through them)"
 )
 
 
@@ -230,12 +232,18 @@ def ops_kind(module: str) -> tuple[str, str]:
     return "family", first
 
 
+def _diagnose_name(module: str) -> str:
+    """The first name under diagnose/ ("__init__" for the package itself), "_*" for a helper."""
+    first = "__init__" if module == DIAGNOSE else module[len(DIAGNOSE) + 1 :].split(".")[0]
+    return "_*" if first.startswith("_") and first != "__init__" else first
+
+
 def analyzer_of(module: str) -> str | None:
     """The analyzer a diagnose module belongs to (its first name under diagnose/), or None."""
-    if not module.startswith(DIAGNOSE + "."):
+    if not _covers(DIAGNOSE, module):
         return None
-    first = module[len(DIAGNOSE) + 1 :].split(".")[0]
-    return None if first in DIAGNOSE_NOT_ANALYZERS else first
+    name = _diagnose_name(module)
+    return None if name in DIAGNOSE_NOT_ANALYZERS else name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,16 +309,22 @@ def family_violations(imports: list[Import]) -> list[str]:
 def analyzer_violations(imports: list[Import]) -> list[str]:
     out = []
     for imp in imports:
-        mine = analyzer_of(imp.module)
-        if mine is None or not _covers(DIAGNOSE, imp.target):
+        if not (_covers(DIAGNOSE, imp.module) and _covers(DIAGNOSE, imp.target)):
             continue
-        first = (
-            "__init__" if imp.target == DIAGNOSE else imp.target[len(DIAGNOSE) + 1 :].split(".")[0]
-        )
-        if first == mine or first in DIAGNOSE_SHARED:
+        mine, name = analyzer_of(imp.module), _diagnose_name(imp.module)
+        target, tname = analyzer_of(imp.target), _diagnose_name(imp.target)
+        if mine is not None:  # an analyzer: its own modules and the shared ones only
+            if tname == mine or tname in DIAGNOSE_SHARED:
+                continue
+            what = f"analyzer {mine!r}"
+        elif name in DIAGNOSE_SHARED:  # a shared module: anything but an analyzer
+            if target is None:
+                continue
+            what = f"shared module {imp.module.rsplit('.', 1)[-1]!r}"
+        else:  # driver, diagnose/__init__
             continue
-        kind = "analyzer" if analyzer_of(imp.target) else "diagnose module"
-        out.append(f"{imp.where()}: analyzer {mine!r} -> {kind} {first!r}; {DIAGNOSE_WHY}")
+        kind = f"analyzer {target!r}" if target else f"diagnose module {tname!r}"
+        out.append(f"{imp.where()}: {what} -> {kind}; {DIAGNOSE_WHY}")
     return out
 
 
@@ -378,7 +392,8 @@ def test_checker_sees_every_form(tmp_path):
             "capture/__init__.py": "",
             "capture/script.py": "",
             "diagnose/__init__.py": "",
-            "diagnose/chains.py": "from . import thresholds, syncs\nfrom .driver import x\n",
+            "diagnose/chains.py": "from . import _gaps, thresholds, syncs\nfrom .driver import x\n",
+            "diagnose/_gaps.py": "from .syncs import y\nfrom . import thresholds\n",
             "diagnose/syncs.py": "",
             "diagnose/thresholds.py": "",
             "diagnose/driver.py": "from . import chains, syncs\n",
@@ -414,6 +429,7 @@ def test_checker_sees_every_form(tmp_path):
     ], families
     analyzers = analyzer_violations(imports)
     assert sorted(v.split(": ")[0].split(" ", 1)[1] for v in analyzers) == [
+        "fusewise.diagnose._gaps imports fusewise.diagnose.syncs",
         "fusewise.diagnose.chains imports fusewise.diagnose.driver",
         "fusewise.diagnose.chains imports fusewise.diagnose.syncs",
     ], analyzers
