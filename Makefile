@@ -53,9 +53,14 @@ test:
 	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed"; exit 1; fi; \
 	echo "make test: lint, test-pinned and test-latest passed"
 
+# both checks run, and it fails if either failed
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check $(LINT_PATHS)
-	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	@rc=0; \
+	echo "$(VENV)/bin/ruff check $(LINT_PATHS)"; \
+	$(VENV)/bin/ruff check $(LINT_PATHS) || rc=1; \
+	echo "$(VENV)/bin/ruff format --check $(LINT_PATHS)"; \
+	$(VENV)/bin/ruff format --check $(LINT_PATHS) || rc=1; \
+	exit $$rc
 
 test-pinned: $(VENV)/.installed
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
