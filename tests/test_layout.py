@@ -36,7 +36,7 @@ class Layer:
 LAYERS = (
     Layer(
         "base",
-        ("fusewise.fixes", "fusewise.cost", "fusewise.hardware"),
+        ("fusewise._version", "fusewise.fixes", "fusewise.cost", "fusewise.hardware"),
         (),
         "cost formulas, hardware ceilings and the fix registry are facts every other layer "
         "reads; they depend on nothing of fusewise",

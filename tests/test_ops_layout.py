@@ -1,6 +1,7 @@
-"""The layout of fusewise.ops (issue #10): one folder per op family with the same files, families
-that import nothing of each other, small modules, and what importing fusewise registers (each
-family's fix and cost model)."""
+"""The template of an op family (docs/DESIGN.md): every folder of fusewise.ops has the same files,
+kernels.py holds only Triton kernels, reference.py only torch; and what importing fusewise
+registers (each family's fix and cost model). Imports between families and module sizes:
+tests/test_layout.py."""
 
 import ast
 import pathlib
@@ -11,10 +12,9 @@ import fusewise
 from fusewise import cost, fixes
 
 OPS = pathlib.Path(fusewise.__file__).parent / "ops"
-FAMILIES = ("norms", "adamw", "linear_ce")
+# every folder is a family: a new one is checked without editing this test
+FAMILIES = sorted(p.parent.name for p in OPS.glob("*/__init__.py"))
 TEMPLATE = ("__init__.py", "kernels.py", "launch.py", "op.py", "reference.py", "cost.py")
-HELPERS = {"norms": {"validate.py"}, "linear_ce": {"args.py"}, "adamw": set()}
-SHARED = {"fusewise.ops._launch", "fusewise.ops._dispatch", "fusewise.cost", "fusewise.fixes"}
 
 
 def _imports(path: pathlib.Path) -> set[str]:
@@ -44,24 +44,14 @@ def _is_module(name: str) -> bool:
     return (root / rel).with_suffix(".py").exists() or (root / rel / "__init__.py").exists()
 
 
+def test_the_families_are_found():
+    assert {"norms", "adamw", "linear_ce"} <= set(FAMILIES)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_family_has_the_template_files(family):
     files = {p.name for p in (OPS / family).glob("*.py")}
-    assert files == set(TEMPLATE) | HELPERS[family]
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_a_family_imports_only_itself_and_the_shared_modules(family):
-    own = f"fusewise.ops.{family}"
-    for path in (OPS / family).glob("*.py"):
-        for name in _imports(path):
-            if name.startswith("fusewise"):
-                assert name == own or name.startswith(own + ".") or name in SHARED, (path, name)
-            else:
-                assert name.split(".")[0] in {"torch", "triton", "__future__"} or (
-                    name.split(".")[0] in {"math", "operator", "struct", "warnings", "contextlib"}
-                    or name.startswith("collections")
-                ), (path, name)
+    assert set(TEMPLATE) <= files, f"ops/{family} lacks {sorted(set(TEMPLATE) - files)}"
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -76,12 +66,6 @@ def test_kernels_hold_only_triton_functions_and_references_only_torch(family):
         assert any(ast.unparse(d) == "triton.jit" for d in node.decorator_list), node.name
     refs = _imports(OPS / family / "reference.py")
     assert {n.split(".")[0] for n in refs} <= {"torch", "math", "__future__"}
-
-
-def test_no_module_over_400_lines_and_the_base_cost_model_imports_no_op():
-    for path in OPS.rglob("*.py"):
-        assert len(path.read_text().splitlines()) <= 400, path
-    assert not any(n.startswith("fusewise.ops") for n in _imports(OPS.parent / "cost.py"))
 
 
 def test_importing_fusewise_registers_each_family_fix():
