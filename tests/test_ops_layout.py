@@ -90,3 +90,14 @@ def test_the_families_cost_models_are_registered():
     assert {"fusewise.norm_fwd.", "fusewise.norm_bwd.", "fusewise.linear_ce_"} <= set(
         cost._REGISTERED
     )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_importing_fusewise_loads_every_family_and_it_registers_its_fix(family):
+    """A family folder that ops/__init__.py does not import would register nothing: the
+    diagnosis would never recommend it."""
+    import sys
+
+    assert f"fusewise.ops.{family}" in sys.modules, f"fusewise.ops does not import ops/{family}"
+    origins = {f.origin for fs in fixes._REGISTERED.values() for f in fs}
+    assert f"fusewise.ops.{family}" in origins, f"ops/{family} registers no fix"

@@ -116,10 +116,19 @@ class StepSchedule:
 
     def close(self) -> None:
         """Close what an unfinished schedule left open (the step raised, the script ended)."""
-        for ctx in (self._recorder, self._prof, self._loader_cm):
+
+        def exit_(ctx):
+            ctx.__exit__(None, None, None)
+
+        # the profiler through profiler.stop: its warning filter applies to an aborted run too
+        for ctx, stop in (
+            (self._recorder, exit_),
+            (self._prof, profiler.stop),
+            (self._loader_cm, exit_),
+        ):
             if ctx is not None:
                 try:
-                    ctx.__exit__(None, None, None)
+                    stop(ctx)
                 except Exception:  # already closed
                     pass
         if self._prof is not None:

@@ -57,9 +57,18 @@ def analyze(obs: Observation, ceil, *, top: int = 10) -> Report:
             steps_measured=len(obs.times_ms),
             capture_overhead_ratio=obs.captured_ms / median_ms if median_ms else None,
             ops_recorded=len(obs.graph.ops),
-            memory_scaling=scaling.fit_observations(obs),
+            memory_scaling=_memory_scaling(obs),
         ),
         top=top_ops(obs.op_ms, obs.graph, ceil, median_ms, n=top),
         findings=findings,
         skipped=skipped,
     )
+
+
+def _memory_scaling(obs: Observation) -> dict | None:
+    """The fitted exponent for the step summary; a fit that fails is already listed under
+    skipped by the memory-scaling analyzer (same fit), so here it only leaves the field out."""
+    try:
+        return scaling.fit_observations(obs)
+    except Exception:
+        return None

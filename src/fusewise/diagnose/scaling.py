@@ -26,6 +26,8 @@ QUADRATIC_EXPONENT = 1.6  # between linear (1) and quadratic (2), with room for 
 def analyze(obs, ceilings) -> list[Finding]:
     if obs.other is None:
         raise Skip("needs the step at two sizes: fusewise diagnose SCRIPT --sizes NAME=V1,V2")
+    if _over_pair(fit, obs) is None:
+        raise Skip("the recorded step allocated nothing at one of the two sizes: no exponent")
     return _over_pair(find_scaling, obs)
 
 
