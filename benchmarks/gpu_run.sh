@@ -11,7 +11,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.used -
   | tee "$OUT/gpu_$1.txt"
 if [ "$1" = tests ]; then
   t0=$SECONDS
-  timeout ${PYTEST_S:-360} python -m pytest -q -p no:cacheprovider tests > "$OUT/pytest_gpu.log" 2>&1
+  timeout ${PYTEST_S:-500} python -m pytest -q -p no:cacheprovider tests > "$OUT/pytest_gpu.log" 2>&1
   echo "pytest rc=$? ($((SECONDS - t0)) s)"; grep -E "FAILED|ERROR|Fatal" "$OUT/pytest_gpu.log" | head -20
   tail -2 "$OUT/pytest_gpu.log"
   t0=$SECONDS
