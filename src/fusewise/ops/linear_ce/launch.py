@@ -239,7 +239,9 @@ def scale_grad(grad, grad_out, dtype, path, in_place: bool):
         out = torch.empty(grad.shape, dtype=dtype, device=grad.device)
     if path == _dispatch.REFERENCE:
         return torch.mul(grad, grad_out, out=out)
-    return scale_into(grad, out, grad_out.float().reshape(1))
+    # a one-element grad_out on another device (a CPU scalar given to the custom op directly;
+    # autograd always gives grad's device) is brought over: the kernel reads it through a pointer
+    return scale_into(grad, out, grad_out.to(grad.device, torch.float32).reshape(1))
 
 
 def backward(grad_out, hidden, weight, target, bias, reduction, opts, cfg, path, need):
