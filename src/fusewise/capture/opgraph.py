@@ -316,6 +316,7 @@ class Recorder:
                     self.graph.ops[int(e.name[len(_RANGE) :])].ms = e.device_time_total / 1e3
             profiler.release(self._prof)
             self._prof = None
+            profiler.collect()
         if self._events:
             torch.cuda.synchronize()
             for i, start, end in self._events:

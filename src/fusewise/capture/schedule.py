@@ -134,6 +134,7 @@ class StepSchedule:
         if self._prof is not None:
             profiler.release(self._prof)
         self._prof = self._loader_cm = self._recorder = None
+        profiler.collect()
 
     def _begin_timing(self) -> None:
         if self.cuda:
@@ -150,3 +151,4 @@ class StepSchedule:
         self.timeline = timeline_from_profiler(self._prof, self.steps)
         profiler.release(self._prof)
         self._prof = None
+        profiler.collect()  # before the recorder's session starts
