@@ -1,0 +1,61 @@
+"""fusewise.patch(model): put fusewise's fused ops in place on one model instance, say what changed,
+and undo it with fusewise.unpatch(model).
+
+* norms (torch_norms.py, hf_norms.py): torch's LayerNorm/RMSNorm and the norm classes of the
+  Hugging Face families, each swap checked on a probe input before it is kept;
+* loss (loss.py): a Hugging Face *ForCausalLM given labels in training computes its loss with
+  fusewise.ops.linear_cross_entropy from the last hidden state, the logits never materialised;
+* the optimizer (optimizer.py, patch_optimizer): a torch.optim.AdamW becomes fusewise.optim.AdamW
+  in place, with its hyper-parameters and state.
+
+Everything is per instance (_swap.py): no library class is changed, so another model built in the
+same process is untouched.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _swap, hf_norms, torch_norms
+from . import loss as loss_routing
+from .optimizer import patch_optimizer, unpatch_optimizer
+from .report import LEFT_ALONE, SWAPPED, UNRECOGNISED, Change, PatchReport
+
+__all__ = [
+    "patch",
+    "unpatch",
+    "patch_optimizer",
+    "unpatch_optimizer",
+    "PatchReport",
+    "Change",
+    "SWAPPED",
+    "LEFT_ALONE",
+    "UNRECOGNISED",
+]
+
+
+def patch(model: torch.nn.Module, *, norms: bool = True, loss: bool = True) -> PatchReport:
+    """Swap what fusewise knows in `model`, in place. Returns a PatchReport: every module swapped,
+    every module recognised but left alone (and why), every norm-like module not recognised.
+    Modules already patched are not listed again, so a second call lists only what is left."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    report = PatchReport()
+    if norms:
+        for name, module in model.named_modules():
+            if _swap.is_patched(module):
+                continue
+            change = torch_norms.patch_module(name, module) or hf_norms.patch_module(name, module)
+            if change is not None:
+                report.changes.append(change)
+    if loss:
+        report.changes.extend(loss_routing.patch_model(model))
+    return report
+
+
+def unpatch(model: torch.nn.Module) -> int:
+    """Undo every change fusewise.patch made to `model` (and its submodules); returns how many
+    modules were restored."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    return sum(_swap.restore(m) for m in model.modules())
