@@ -9,6 +9,8 @@ PY     := $(VENV)/bin/python
 TORCH_SPEC  ?= torch==2.13.0
 TRITON_SPEC ?= triton==3.6.0
 RUFF_SPEC   ?= ruff==0.17.6
+# the version on the GPU machine's image; .venv-latest takes the newest release
+TRANSFORMERS_SPEC ?= transformers==5.17.0
 # The second environment: the same torch, the newest Triton release (what users get with
 # `pip install fusewise`). Unpinned on purpose; installed with --upgrade. A fresh clone (CI)
 # always gets the newest; locally, `make clean-latest` picks up a newer release.
@@ -25,7 +27,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	echo '*' > $(VENV)/.gitignore
 	# numpy<2.4: the Triton 3.6 interpreter turns 1-element arrays into ints, which numpy 2.4 refuses
-	$(PY) -m pip install -q "$(TORCH_SPEC)" "$(TRITON_SPEC)" "numpy<2.4" "$(RUFF_SPEC)"
+	$(PY) -m pip install -q "$(TORCH_SPEC)" "$(TRITON_SPEC)" "numpy<2.4" "$(RUFF_SPEC)" "$(TRANSFORMERS_SPEC)"
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
