@@ -84,6 +84,7 @@ LAYERS = (
             "fusewise.demo",
             "fusewise.demo_norms",
             "fusewise.examples",
+            "fusewise.verify",
         ),
         ("*",),
         "entry points put the pieces together",

@@ -21,6 +21,16 @@ profiled, and one more is recorded op by op; then the script is stopped. It need
 warmup + 2 x steps + 1 steps in all, and says so if the script ends sooner."""
 
 
+_VERIFY_HELP = """\
+Run SCRIPT in this process unpatched and patched (fusewise.patch on its model: norms and loss;
+its torch AdamW swapped for fusewise's), interleaved over --rounds rounds, and measure the
+difference with a 95% interval; "no measurable difference" when that is the truth.
+
+Each run starts from the same seeds; the patch is applied at the end of step 1. Before: a
+diagnosis of the unpatched step, whose findings get their predicted saving set against the
+measured one; after: a diagnosis of the patched step, with the findings that are gone."""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     script_args: list[str] = []
@@ -59,6 +69,24 @@ def main(argv: list[str] | None = None) -> int:
         "a --NAME given after --, in its form), and fit how peak memory "
         "scales (e.g. seq_len=512,1024)",
     )
+    vf = sub.add_parser(
+        "verify",
+        help="run SCRIPT unpatched and patched, interleaved, and measure what the fix saved",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_VERIFY_HELP,
+        epilog="Arguments after -- are passed to SCRIPT: fusewise verify train.py -- --steps 100",
+    )
+    vf.add_argument("script")
+    vf.add_argument("--steps", type=int, default=10, help="steps timed in each run")
+    vf.add_argument("--warmup", type=int, default=3, help="steps untouched in each run (>= 2)")
+    vf.add_argument("--rounds", type=int, default=2, help="runs of each variant (>= 2)")
+    vf.add_argument("--rtol", type=float, default=1e-2, help="loss tolerance, relative, per step")
+    vf.add_argument(
+        "--no-diagnose",
+        action="store_true",
+        help="skip the diagnoses before and after (no predicted savings, no findings gone)",
+    )
+    vf.add_argument("--json", default=None, help="write the verification as JSON here")
     demo = sub.add_parser("demo", help="diagnose a built-in GPT step, fix it, diagnose again")
     demo.add_argument("--steps", type=int, default=7, help="steps timed and profiled per variant")
     demo.add_argument("--warmup", type=int, default=2)
@@ -72,9 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         hint = ""
-        if args.command == "diagnose":
+        if args.command in ("diagnose", "verify"):
             hint = (
-                f"; arguments for the script go after --: fusewise diagnose {args.script} "
+                f"; arguments for the script go after --: fusewise {args.command} {args.script} "
                 f"[options] -- {' '.join(unknown)}"
             )
         parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
@@ -84,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         return _env(console, args.device, args.refresh)
     if args.command == "diagnose":
         return _diagnose_script(console, args)
+    if args.command == "verify":
+        return _verify_script(console, args)
     if args.what == "norms":
         _interpret_without_gpu(argv)
         from . import demo_norms
@@ -139,7 +169,7 @@ def run() -> None:
     handlers, profiler and CUDA teardown) is not ours to run down; its exit status is the
     diagnosis', never a crash during that teardown."""
     argv = sys.argv[1:]
-    if argv[:1] != ["diagnose"]:
+    if argv[:1] not in (["diagnose"], ["verify"]):
         raise SystemExit(main(argv))
     try:
         rc = main(argv)
@@ -231,6 +261,46 @@ def _diagnose_script(console: Console, args) -> int:
     if args.html:
         report.save_html(args.html)
     report.render(console)
+    return 0
+
+
+def _verify_script(console: Console, args) -> int:
+    from .verify import VerifyError, verify_script
+
+    if not os.path.isfile(args.script):
+        console.print(Text(f"no such script: {args.script}", style="red"))
+        return 2
+    if args.warmup < 2 or args.steps < 2 or args.rounds < 2:
+        console.print(
+            Text(
+                "--warmup, --steps and --rounds must be at least 2 (step 1 runs unpatched and "
+                "step 2 compiles the kernels; two rounds give the order both ways)",
+                style="red",
+            )
+        )
+        return 2
+    args.json = os.path.abspath(args.json) if args.json else None
+    problem = _output_problem(args.json, "--json", args.script, {})
+    if problem:
+        console.print(Text(problem, style="red"))
+        return 2
+    try:
+        result = verify_script(
+            args.script,
+            args.script_args,
+            warmup=args.warmup,
+            steps=args.steps,
+            rounds=args.rounds,
+            rtol=args.rtol,
+            diagnose=not args.no_diagnose,
+            progress=lambda text: console.print(Text(f"fusewise verify: {text}", style="dim")),
+        )
+    except VerifyError as e:
+        console.print(Text(str(e), style="red"))
+        return 1
+    if args.json:
+        result.save_json(args.json)
+    result.render(console)
     return 0
 
 

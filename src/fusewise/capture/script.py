@@ -41,9 +41,14 @@ def step() -> None:
 class ScriptRun:
     """One run of a script under a StepSchedule; `schedule.observation()` once `complete`."""
 
-    def __init__(self, steps: int, warmup: int):
+    def __init__(self, steps: int, warmup: int, *, schedule=StepSchedule, on_step_end=None):
+        """schedule: the schedule's class (called with steps, warmup), StepSchedule for a
+        diagnosis; on_step_end(n, optimizers): called at each step end before the schedule
+        advances, with the optimizers seen ending steps so far (fusewise verify patches there)."""
         self.steps, self.warmup = steps, warmup
-        self.schedule = StepSchedule(steps, warmup)
+        self._schedule_cls, self._on_step_end = schedule, on_step_end
+        self.schedule = schedule(steps, warmup)
+        self.optimizers: list = []  # the optimizers whose step() ended steps, in order seen
         self.ended, self.exit_code, self.error = None, None, None
         self._stepping: list = []  # optimizers inside step(), outermost first
         self._explicit, self._optimizers = False, {}
@@ -65,6 +70,8 @@ class ScriptRun:
             del self._stepping[self._stepping.index(opt) :]
         if self._stepping or self._explicit:
             return
+        if id(opt) not in self._optimizers:
+            self.optimizers.append(opt)
         self._optimizers.setdefault(id(opt), type(opt).__name__)
         if len(self._optimizers) > 1:
             if id(opt) == next(iter(self._optimizers)):
@@ -79,11 +86,13 @@ class ScriptRun:
         if not self._explicit:
             self._explicit = True
             self.schedule.close()
-            self.schedule = StepSchedule(self.steps, self.warmup)
+            self.schedule = self._schedule_cls(self.steps, self.warmup)
             self.schedule.start()
         self._end_step()
 
     def _end_step(self) -> None:
+        if self._on_step_end is not None:
+            self._on_step_end(self.schedule.ends + 1, self.optimizers)
         if self.schedule.step_ended():
             raise StopScript
 
