@@ -60,8 +60,8 @@ def _compare(patched, ref, inputs, logits="logits"):
         torch.testing.assert_close(grads[name], want_grads[name], **FP32, msg=name)
 
 
-def _ids(vocab=128, shape=(2, 8)):
-    return torch.randint(3, vocab, shape)
+def _ids(device, vocab=128, shape=(2, 8)):
+    return torch.randint(3, vocab, shape, device=device)
 
 
 # --- the table against the installed transformers ----------------------------------------------
@@ -110,7 +110,7 @@ def _bare_norm(cls, spec, n=48, weight_dtype=torch.float32):
 
 
 @pytest.mark.parametrize("key", sorted(specs.SPECS), ids=lambda k: k[1])
-def test_table_class_forward_is_its_orders_and_patches(key):
+def test_table_class_forward_is_its_orders_and_patches(key, device):
     """Each table class's installed forward is its order's, token for token; an instance swaps,
     and on bf16 input matches the HF forward (fp32 and bf16 weights) in dtype and value."""
     spec = specs.SPECS[key]
@@ -118,8 +118,8 @@ def test_table_class_forward_is_its_orders_and_patches(key):
     assert _source(cls) == REFERENCE[spec.order]
     assert spec.eps_attr in _source(cls)
     for weight_dtype in (torch.float32, torch.bfloat16):
-        norm = _bare_norm(cls, spec, weight_dtype=weight_dtype)
-        x = torch.randn(3, 5, 48, dtype=torch.bfloat16)
+        norm = _bare_norm(cls, spec, weight_dtype=weight_dtype).to(device)
+        x = torch.randn(3, 5, 48, dtype=torch.bfloat16, device=device)
         want = norm(x)
         (change,) = fusewise.patch(torch.nn.ModuleDict({"n": norm}))
         assert (change.action, change.was, change.now) == (
@@ -137,8 +137,8 @@ def test_table_class_forward_is_its_orders_and_patches(key):
 
 
 @pytest.mark.parametrize("family", sorted(CAUSAL_LM))
-def test_causal_lm_norms_swapped_outputs_and_gradients_match(family):
-    model = causal_lm(family)
+def test_causal_lm_norms_swapped_outputs_and_gradients_match(family, device):
+    model = causal_lm(family).to(device)
     _randomize_norm_weights(model)
     ref = copy.deepcopy(model)
     expected = _norm_names(ref, "RMSNorm")
@@ -149,13 +149,13 @@ def test_causal_lm_norms_swapped_outputs_and_gradients_match(family):
     assert all(c.action == SWAPPED and c.now == hf_norms.NOW for c in report)
     assert {c.was for c in report} == {_swap.qualname(norm_cls)}
     assert norm_cls.__module__ == f"transformers.models.{family}.modeling_{family}"
-    ids = _ids()
+    ids = _ids(device)
     _compare(model, ref, dict(input_ids=ids, labels=ids))
 
 
 @pytest.mark.parametrize("family", ["gpt2", "bert", "vit"])
-def test_layer_norm_models_swap_to_fusewise_layer_norm(family):
-    model = layer_norm_models()[family].eval()  # dropout off: the same computation twice
+def test_layer_norm_models_swap_to_fusewise_layer_norm(family, device):
+    model = layer_norm_models()[family].to(device).eval()  # dropout off: the same computation twice
     _randomize_norm_weights(model)
     ref = copy.deepcopy(model)
     expected = [n for n, m in ref.named_modules() if type(m) is torch.nn.LayerNorm]
@@ -166,7 +166,7 @@ def test_layer_norm_models_swap_to_fusewise_layer_norm(family):
         (SWAPPED, "torch.nn.modules.normalization.LayerNorm", "fusewise.nn.LayerNorm")
     }
     if family == "vit":
-        pixels = torch.randn(2, 3, 16, 16)
+        pixels = torch.randn(2, 3, 16, 16, device=device)
         out, want = model(pixel_values=pixels), ref(pixel_values=pixels)
         torch.testing.assert_close(out.last_hidden_state, want.last_hidden_state, **FP32)
         (out.last_hidden_state**2).mean().backward()
@@ -174,17 +174,17 @@ def test_layer_norm_models_swap_to_fusewise_layer_norm(family):
         for (name, p), q in zip(model.named_parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad, **FP32, msg=name)
     else:
-        ids = _ids()
+        ids = _ids(device)
         _compare(model, ref, dict(input_ids=ids, labels=ids))
 
 
 # --- dtypes -------------------------------------------------------------------------------------
 
 
-def test_llama_norm_bf16_input_follows_hf_cast_order():
-    x = torch.randn(4, 7, 64, dtype=torch.bfloat16)
+def test_llama_norm_bf16_input_follows_hf_cast_order(device):
+    x = torch.randn(4, 7, 64, dtype=torch.bfloat16, device=device)
     # fp32 weight: HF returns fp32, weight * x_hat rounded to bf16; the fused path computes that
-    norm = LlamaRMSNorm(64, eps=1e-5)
+    norm = LlamaRMSNorm(64, eps=1e-5).to(device)
     _randomize_norm_weights(torch.nn.ModuleDict({"norm": norm}))
     want = norm(x)
     assert fusewise.patch(norm)[0].action == SWAPPED
@@ -194,7 +194,7 @@ def test_llama_norm_bf16_input_follows_hf_cast_order():
     # bf16 weight: bf16 out; HF rounds twice (x_hat, product), fused once: within 1 ulp
     norm16 = LlamaRMSNorm(64, eps=1e-5)
     _randomize_norm_weights(torch.nn.ModuleDict({"norm": norm16}))
-    norm16.to(torch.bfloat16)
+    norm16.to(device, torch.bfloat16)
     want = norm16(x)
     fusewise.patch(norm16)
     got = norm16(x)
@@ -203,17 +203,17 @@ def test_llama_norm_bf16_input_follows_hf_cast_order():
     assert not torch.equal(got, want)  # the one-rounding path is the one taken
 
 
-def test_gemma_norm_bf16_and_weight_gradient():
-    norm = GemmaRMSNorm(64, eps=1e-6)
+def test_gemma_norm_bf16_and_weight_gradient(device):
+    norm = GemmaRMSNorm(64, eps=1e-6).to(device)
     _randomize_norm_weights(torch.nn.ModuleDict({"norm": norm}))
     ref = copy.deepcopy(norm)
     fusewise.patch(norm)
-    x = torch.randn(4, 7, 64, dtype=torch.bfloat16)
+    x = torch.randn(4, 7, 64, dtype=torch.bfloat16, device=device)
     got, want = norm(x), ref(x)
     assert got.dtype == want.dtype == torch.bfloat16
     assert ((got.float() - want.float()).abs() <= _bf16_ulp(want)).all()
-    x32 = torch.randn(4, 7, 64, requires_grad=True)
-    dy = torch.randn(4, 7, 64)
+    x32 = torch.randn(4, 7, 64, device=device, requires_grad=True)
+    dy = torch.randn(4, 7, 64, device=device)
     g = torch.autograd.grad(norm(x32), (x32, norm.weight), dy)
     w = torch.autograd.grad(ref(x32), (x32, ref.weight), dy)
     for a, b in zip(g, w):
@@ -377,23 +377,23 @@ def test_per_instance_the_transformers_class_is_untouched():
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma"])
-def test_unpatch_restores_classes_and_bit_identical_outputs(family):
-    model = causal_lm(family)
+def test_unpatch_restores_classes_and_bit_identical_outputs(family, device):
+    model = causal_lm(family).to(device)
     _randomize_norm_weights(model)
     ref = copy.deepcopy(model)
     n = len(fusewise.patch(model, loss=False).swapped)
     assert fusewise.unpatch(model) == n
     assert [type(m) for m in model.modules()] == [type(m) for m in ref.modules()]
     assert not any(_swap.is_patched(m) for m in model.modules())
-    ids = _ids()
+    ids = _ids(device)
     assert torch.equal(model(input_ids=ids).logits, ref(input_ids=ids).logits)
 
 
-def test_patched_model_pickles_and_deepcopies():
-    model = causal_lm("gemma")
+def test_patched_model_pickles_and_deepcopies(device):
+    model = causal_lm("gemma").to(device)
     _randomize_norm_weights(model)
     fusewise.patch(model, loss=False)
-    ids = _ids()
+    ids = _ids(device)
     want = model(input_ids=ids).logits
     for twin in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
         assert [type(m) for m in twin.modules()] == [type(m) for m in model.modules()]
@@ -404,13 +404,13 @@ def test_patched_model_pickles_and_deepcopies():
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma"])
-def test_compiled_decoder_layer_has_no_graph_break_and_matches_eager(family):
-    model = causal_lm(family)
+def test_compiled_decoder_layer_has_no_graph_break_and_matches_eager(family, device):
+    model = causal_lm(family).to(device)
     _randomize_norm_weights(model)
     fusewise.patch(model, loss=False)
     layer = model.model.layers[0]
-    hidden = torch.randn(2, 8, 32, requires_grad=True)
-    position_ids = torch.arange(8).expand(2, 8)
+    hidden = torch.randn(2, 8, 32, device=device, requires_grad=True)
+    position_ids = torch.arange(8, device=device).expand(2, 8)
     rope = model.model.rotary_emb(hidden, position_ids=position_ids)
     kw = dict(position_ids=position_ids, position_embeddings=rope)
     graphs = []
