@@ -190,7 +190,12 @@ def test_llama_norm_bf16_input_follows_hf_cast_order(device):
     assert fusewise.patch(norm)[0].action == SWAPPED
     got = norm(x)
     assert got.dtype == want.dtype == torch.float32
-    assert torch.equal(got, want)
+    if device.type == "cpu":
+        assert torch.equal(got, want)
+    else:  # x_hat's fp32 sum may round differently on the GPU: a bf16 ulp of x_hat, rarely
+        x_hat = want / norm.weight
+        assert (got == want).float().mean() > 0.99
+        assert ((got - want).abs() <= norm.weight.abs() * _bf16_ulp(x_hat)).all()
     # bf16 weight: bf16 out; HF rounds twice (x_hat, product), fused once: within 1 ulp
     norm16 = LlamaRMSNorm(64, eps=1e-5)
     _randomize_norm_weights(torch.nn.ModuleDict({"norm": norm16}))
