@@ -43,7 +43,7 @@ def row(op, provider, mode, shape, dtype, ms, value, pct="", peak="", *, commit_
         gbps_or_tflops=round(value, 1),
         pct_of_ceiling=pct if pct == "" else round(pct, 1),
         peak_bytes=peak,
-        gpu=torch.cuda.get_device_name(),
+        gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         torch=torch.__version__,
         triton=triton.__version__,
         commit=commit_id or commit(),
