@@ -43,7 +43,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from unittest import mock
 
 import _rows  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 import torch
@@ -199,11 +198,7 @@ def make_row(r: dict, commit: str) -> dict:
     shape = f"L{r['layers']}h{r['hidden']}v{r['vocab']}:b{r['batch']}xs{r['seq']}:{r['params']}"
     args = ("e2e_llama", r["variant"], "train_step", shape, "bf16", r["ms_median"], r["tflops"])
     kw = dict(peak=r["peak_bytes"] if r["peak_bytes"] is not None else "", commit_id=commit)
-    if torch.cuda.is_available():
-        row = _rows.row(*args, **kw)
-    else:  # _rows.row names the GPU; a CPU smoke test has none
-        with mock.patch.object(torch.cuda, "get_device_name", return_value="cpu"):
-            row = _rows.row(*args, **kw)
+    row = _rows.row(*args, **kw)
     extra = dict(ms_min=r["ms_min"], ms_max=r["ms_max"], tokens_per_s=r["tokens_per_s"])
     extra = {k: round(v, 3) for k, v in extra.items()}
     losses = ";".join(f"{x:.4f}" for x in r["losses"])
