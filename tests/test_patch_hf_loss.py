@@ -274,6 +274,13 @@ class _ScaledLlama(tf.LlamaForCausalLM):  # a forward changing the logits before
         return self.loss_function(logits, labels, self.config.vocab_size)
 
 
+class _InlineScaledLlama(tf.LlamaForCausalLM):  # the same, on lm_head's line
+    def forward(self, input_ids=None, labels=None, **kwargs):
+        hidden_states = self.model(input_ids=input_ids).last_hidden_state
+        logits = self.lm_head(hidden_states) * torch.exp(torch.ones(()))
+        return self.loss_function(logits, labels, self.config.vocab_size)
+
+
 class _OwnLossLlama(tf.LlamaForCausalLM):  # a forward with a loss of its own
     def forward(self, input_ids=None, labels=None, **kwargs):
         logits = self.lm_head(self.model(input_ids=input_ids).last_hidden_state)
@@ -296,6 +303,7 @@ def _left_alone_cases():
 
     return {
         "changes the logits before the loss": build(_ScaledLlama),
+        "changes lm_head's output": build(_InlineScaledLlama),
         "does not call self.loss_function": build(_OwnLossLlama),
         "not a torch.nn.Linear": not_linear,
         "not HF's ForCausalLMLoss": own_loss_function,

@@ -231,7 +231,8 @@ def _why_not(model: nn.Module, head: nn.Module) -> tuple[str | None, bool]:
     return _forward_problem(_swap.original_class(model))
 
 
-_HEAD_LINE = re.compile(r"logits = self\.lm_head\((.*)\)(\.float\(\)|\.contiguous\(\))?")
+_HEAD_CALL = "logits = self.lm_head("
+_HEAD_ENDS = (").float()", ").contiguous()", ")")
 _SOFTCAP_LINES = {
     "logits = logits / self.config.final_logit_softcapping",
     "logits = torch.tanh(logits)",
@@ -257,7 +258,7 @@ def _forward_problem(cls: type) -> tuple[str | None, bool]:
     )
     if loss_at is None:
         return "its forward does not call self.loss_function (a loss of its own)", False
-    if not _HEAD_LINE.fullmatch(lines[head_at]):
+    if not _plain_head_call(lines[head_at]):
         return f"its forward changes lm_head's output: `{lines[head_at]}`", False
     if not _LOSS_CALL.search(" ".join(lines[loss_at : loss_at + 3])):
         return "its forward does not pass lm_head's logits to self.loss_function", False
@@ -269,3 +270,18 @@ def _forward_problem(cls: type) -> tuple[str | None, bool]:
             return f"its forward changes the logits before the loss: `{line}`", False
         softcap = True
     return None, softcap
+
+
+def _plain_head_call(line: str) -> bool:
+    """`logits = self.lm_head(<one argument expression>)`, maybe .float() or .contiguous():
+    nothing applied to lm_head's output but a cast."""
+    if not line.startswith(_HEAD_CALL):
+        return False
+    rest = line[len(_HEAD_CALL) :]
+    end = next((e for e in _HEAD_ENDS if rest.endswith(e)), None)
+    depth = 0
+    for ch in rest[: len(rest) - len(end)] if end else "(":
+        depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(ch, 0)
+        if depth < 0:  # lm_head's call closed early: something follows it
+            return False
+    return end is not None and depth == 0
