@@ -281,6 +281,15 @@ class _InlineScaledLlama(tf.LlamaForCausalLM):  # the same, on lm_head's line
         return self.loss_function(logits, labels, self.config.vocab_size)
 
 
+class _ZLossLlama(tf.LlamaForCausalLM):  # the logits used again after the loss
+    def forward(self, input_ids=None, labels=None, **kwargs):
+        hidden_states = self.model(input_ids=input_ids).last_hidden_state
+        logits = self.lm_head(hidden_states)
+        loss = self.loss_function(logits, labels, self.config.vocab_size)
+        z_loss = logits.logsumexp(dim=-1).pow(2).mean()
+        return loss + z_loss
+
+
 class _OwnLossLlama(tf.LlamaForCausalLM):  # a forward with a loss of its own
     def forward(self, input_ids=None, labels=None, **kwargs):
         logits = self.lm_head(self.model(input_ids=input_ids).last_hidden_state)
@@ -304,6 +313,7 @@ def _left_alone_cases():
     return {
         "changes the logits before the loss": build(_ScaledLlama),
         "changes lm_head's output": build(_InlineScaledLlama),
+        "uses the logits after the loss": build(_ZLossLlama),
         "does not call self.loss_function": build(_OwnLossLlama),
         "not a torch.nn.Linear": not_linear,
         "not HF's ForCausalLMLoss": own_loss_function,

@@ -238,6 +238,10 @@ _SOFTCAP_LINES = {
     "logits = torch.tanh(logits)",
     "logits = logits * self.config.final_logit_softcapping",
 }
+# after the loss, the logits may only be put in the output (or be the loss call's argument)
+_OUTPUT_LINE = re.compile(
+    r"logits=logits[,)]?|logits,|logits=logits, labels=.*|output = \(logits,\).*"
+)
 _LOSS_CALL = re.compile(r"self\.loss_function\(\s*(logits=)?logits\b")
 
 
@@ -269,6 +273,9 @@ def _forward_problem(cls: type) -> tuple[str | None, bool]:
         if line not in _SOFTCAP_LINES:
             return f"its forward changes the logits before the loss: `{line}`", False
         softcap = True
+    for line in lines[loss_at + 1 :]:
+        if re.search(r"\blogits\b", line) and not _OUTPUT_LINE.fullmatch(line):
+            return f"its forward uses the logits after the loss: `{line}`", False
     return None, softcap
 
 
