@@ -174,6 +174,8 @@ def run_variant(variant: str, a) -> dict:
         timer.stop()
     ms = timer.ms()
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
+    if a.profile:
+        print_profile(variant, step, device)
     med = statistics.median(ms)
     tokens = cfg["batch"] * cfg["seq"]
     flops = 6 * (params - embed) * tokens + 6 * cfg["layers"] * cfg["hidden"] * cfg["seq"] * tokens
@@ -192,6 +194,22 @@ def run_variant(variant: str, a) -> dict:
         losses=first,
         notes=notes,
     )
+
+
+def print_profile(variant: str, step, device: torch.device, steps: int = 3) -> None:
+    """The kernels that take the time, over `steps` more steps (after the timed ones): to see
+    where two variants differ (e.g. fusewise with and without torch.compile)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=18, max_name_column_width=70)
+    print(f"[{variant}] profile of {steps} steps:\n{table}", flush=True)
 
 
 def make_row(r: dict, commit: str) -> dict:
@@ -215,6 +233,7 @@ def spawn(variant: str, a, timeout: float) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--variant", variant, "--result", path]
     cmd += [f"--steps={a.steps}", f"--warmup={a.warmup}", f"--compile-warmup={a.compile_warmup}"]
     cmd += ["--tiny"] if a.tiny else []
+    cmd += ["--profile"] if a.profile else []
     t0 = time.perf_counter()
     try:
         rc = subprocess.run(cmd, timeout=timeout).returncode
@@ -262,6 +281,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--compile-warmup", type=int, default=6, help="warm-up of compile variants")
     ap.add_argument("--tiny", action="store_true", help="a tiny config, any device (smoke test)")
+    ap.add_argument("--profile", action="store_true", help="print each variant's top kernels")
     ap.add_argument("--csv", default=None)
     ap.add_argument("--timeout", type=float, default=300, help="seconds per variant process")
     ap.add_argument("--budget", type=float, default=None, help="seconds for all the variants")
