@@ -35,7 +35,7 @@ def _randomize_norm_weights(model: torch.nn.Module) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name.lower() and p.dim() == 1:
-                p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+                p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype).to(p.device))
 
 
 def _norm_names(model: torch.nn.Module, cls_name_end: str) -> list[str]:
