@@ -4,6 +4,7 @@ fusewise.step(), script stopped after the measured steps), and the demos' entry 
 import json
 import os
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -183,10 +184,16 @@ def strict_json(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
-def test_user_strings_are_never_markup(tmp_path, capsys):
+def test_user_strings_are_never_markup(tmp_path, capsys, request):
     """A path with rich markup in it ([/x] closes nothing, [bold] is a style) is printed as it is,
-    and the report files are written."""
-    folder = tmp_path / "c[" / "x]"  # a path with "c[/x]" in it
+    and the report files are written. The script sits in a short folder of its own: the table
+    is 150 wide, and a long temporary path (pytest-xdist's) would be cut with an ellipsis."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="fw"))
+    request.addfinalizer(lambda: shutil.rmtree(base, ignore_errors=True))
+    folder = base / "c[" / "x]"  # a path with "c[/x]" in it
     folder.mkdir(parents=True)
     script = write(folder, "train[bold].py", TRAIN)
     out, page = tmp_path / "r.json", tmp_path / "r.html"

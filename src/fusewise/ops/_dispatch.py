@@ -80,6 +80,11 @@ def record_path(op: str, path: str) -> None:
     _last_path[op] = path
 
 
+def forget_paths() -> None:
+    """Forget the paths taken so far (fusewise verify, to see which ops its own runs took)."""
+    _last_path.clear()
+
+
 def paths() -> dict[str, str]:
     """The path each op took on its last call: 'triton', 'triton-interpreter' or 'reference'
     (or an op's single path, e.g. linear_cross_entropy's 'chunked-torch')."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 from ..capture.script import ScriptRun
 from ..diagnose.driver import analyze
 from ..hardware import ceilings
+from ..ops import _dispatch
 from .measure import Samples, check_losses, compare, round_orders
 from .report import FindingCheck, VerifyReport, group_of
 from .script import Patcher, run_variant, seed_everything
@@ -75,6 +76,7 @@ def verify_script(
     if attribute and len(groups) > 1:
         variants.update({f"{g} only": frozenset({g}) for g in groups})
     samples = {name: Samples(name) for name in variants}
+    _dispatch.forget_paths()  # the paths the runs below take, nothing from before
     patch_report = None
     for r, order in enumerate(round_orders(list(variants), rounds)):
         for name in order:
@@ -97,6 +99,13 @@ def verify_script(
         base[0], samples[PATCHED].losses[0], rtol, noise=base[1] if len(base) > 1 else None
     )
     out = VerifyReport(script, samples, comparisons, losses, patch=patch_report)
+    slow = sorted(op for op, path in _dispatch.paths().items() if path != _dispatch.TRITON)
+    if slow:
+        out.notes.append(
+            f"In the patched runs fusewise's {', '.join(slow)} did not run as a compiled Triton "
+            "kernel (eager reference or the interpreter: the kernels need a CUDA GPU; the "
+            "warnings said why), so the patched step is not expected to be faster here."
+        )
     if before is None:
         return out
     say("diagnosing the patched step")
