@@ -188,6 +188,8 @@ def geglu(gate: Tensor, up: Tensor, approximate: str = "none") -> Tensor:
     """gelu(gate, approximate) * up in one pass (GeGLU, Gemma's MLP activation with "tanh").
     approximate: "none" (exact, erf) or "tanh", as in F.gelu. Otherwise as swiglu."""
     if approximate not in APPROXIMATE:
-        raise ValueError(f"approximate must be 'none' or 'tanh' (as in F.gelu), got {approximate!r}")
+        raise ValueError(
+            f"approximate must be 'none' or 'tanh' (as in F.gelu), got {approximate!r}"
+        )
     _check(gate, up)
     return _apply(gate, up, APPROXIMATE[approximate])
