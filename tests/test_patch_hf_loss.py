@@ -29,7 +29,7 @@ def pair(family, **config):
     hf = causal_lm(family, **config) if family != "gpt2" else layer_norm_models()["gpt2"]
     hf.train()
     patched = copy.deepcopy(hf)
-    report = fusewise.patch(patched, norms=False)
+    report = fusewise.patch(patched, norms=False, activations=False)
     return hf, patched, report
 
 
@@ -231,7 +231,9 @@ def test_unpatch_restores_hf():
     ref, out = step(hf, input_ids=ids, labels=labels), step(patched, input_ids=ids, labels=labels)
     assert torch.equal(out.logits, ref.logits) and torch.equal(out.loss, ref.loss)
     assert_same_grads(hf, patched)
-    assert len(fusewise.patch(patched, norms=False).swapped) == 1  # and patches again
+    assert (
+        len(fusewise.patch(patched, norms=False, activations=False).swapped) == 1
+    )  # and patches again
 
 
 def test_report_and_second_patch():
@@ -242,7 +244,9 @@ def test_report_and_second_patch():
     assert change.now == "fusewise.ops.linear_cross_entropy"
     assert "training" in change.reason and "labels" in change.reason
     assert "return_logits=True" in change.reason
-    assert len(fusewise.patch(patched, norms=False)) == 0  # routed already: not listed again
+    assert (
+        len(fusewise.patch(patched, norms=False, activations=False)) == 0
+    )  # routed already: not listed again
 
 
 def test_copies_stay_routed():
@@ -259,11 +263,13 @@ def test_copies_stay_routed():
 
 def test_models_without_a_causal_lm_head():
     models = layer_norm_models()
-    (bert,) = fusewise.patch(models["bert"], norms=False)
+    (bert,) = fusewise.patch(models["bert"], norms=False, activations=False)
     assert (bert.what, bert.action, bert.now) == ("loss", LEFT_ALONE, None)
     assert "ForMaskedLM" in bert.reason
     assert "_loss_function" not in models["bert"].__dict__
-    assert len(fusewise.patch(models["vit"], norms=False)) == 0  # no LM head at all
+    assert (
+        len(fusewise.patch(models["vit"], norms=False, activations=False)) == 0
+    )  # no LM head at all
 
 
 class _ScaledLlama(tf.LlamaForCausalLM):  # a forward changing the logits before the loss
@@ -324,7 +330,7 @@ def _left_alone_cases():
 def test_left_alone_with_reason(why):
     model = _left_alone_cases()[why]()
     cls = type(model)
-    (change,) = fusewise.patch(model, norms=False)
+    (change,) = fusewise.patch(model, norms=False, activations=False)
     assert (change.what, change.action, change.now) == ("loss", LEFT_ALONE, None)
     assert why in change.reason
     assert type(model) is cls and not any("fusewise" in k for k in model.__dict__)

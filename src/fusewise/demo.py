@@ -43,9 +43,7 @@ def run(console: Console, *, steps: int = 7, warmup: int = 2) -> int:
     console.rule("[bold]verify: the two steps interleaved[/]")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        measured = interleave_steps(
-            steps_of, warmup=warmup, per_round=2, rounds=12, device=device
-        )
+        measured = interleave_steps(steps_of, warmup=warmup, per_round=2, rounds=12, device=device)
     comparison = compare(measured["naive"], measured[fixed])
     losses = check_losses(measured["naive"].losses[0], measured[fixed].losses[0], rtol=2e-2)
     before, after = reports["naive"], reports[fixed]

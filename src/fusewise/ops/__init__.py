@@ -5,11 +5,12 @@ One folder per op family, each with the same files in the same order of dependen
 functional), beside reference.py (the eager oracle), cost.py (FLOPs and bytes) and __init__.py
 (exports; registers the family's cost model and fix). Families share only _launch.py and
 _dispatch.py, never each other's modules: norms/ (layer_norm, rms_norm, add_rms_norm), adamw/
-(fusewise.optim.AdamW's step), linear_ce/ (linear_cross_entropy).
+(fusewise.optim.AdamW's step), linear_ce/ (linear_cross_entropy), gated/ (swiglu, geglu).
 """
 
-from . import adamw, linear_ce, norms, reference
+from . import adamw, gated, linear_ce, norms, reference
 from ._dispatch import FusewiseFallbackError, paths
+from .gated import geglu, swiglu
 from .linear_ce import linear_cross_entropy
 from .norms import add_rms_norm, layer_norm, rms_norm
 
@@ -18,9 +19,12 @@ __all__ = [
     "rms_norm",
     "add_rms_norm",
     "linear_cross_entropy",
+    "swiglu",
+    "geglu",
     "paths",
     "FusewiseFallbackError",
     "adamw",
+    "gated",
     "linear_ce",
     "norms",
     "reference",

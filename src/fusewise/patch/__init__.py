@@ -5,6 +5,9 @@ and undo it with fusewise.unpatch(model).
   Hugging Face families, each swap checked on a probe input before it is kept;
 * loss (loss.py): a Hugging Face *ForCausalLM given labels in training computes its loss with
   fusewise.ops.linear_cross_entropy from the last hidden state, the logits never materialised;
+* activations (hf_mlp.py): the gated MLPs of the Hugging Face families (Llama's
+  down_proj(act(gate_proj(x)) * up_proj(x))) compute act(gate) * up with fusewise.ops.swiglu /
+  geglu, so autograd keeps gate and up only; each swap checked on a probe input;
 * the optimizer (optimizer.py, patch_optimizer): a torch.optim.AdamW becomes fusewise.optim.AdamW
   in place, with its hyper-parameters and state.
 
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _swap, hf_norms, torch_norms
+from . import _swap, hf_mlp, hf_norms, torch_norms
 from . import loss as loss_routing
 from .optimizer import patch_optimizer, unpatch_optimizer
 from .report import LEFT_ALONE, SWAPPED, UNRECOGNISED, Change, PatchReport
@@ -34,7 +37,9 @@ __all__ = [
 ]
 
 
-def patch(model: torch.nn.Module, *, norms: bool = True, loss: bool = True) -> PatchReport:
+def patch(
+    model: torch.nn.Module, *, norms: bool = True, loss: bool = True, activations: bool = True
+) -> PatchReport:
     """Swap what fusewise knows in `model`, in place. Returns a PatchReport: every module swapped,
     every module recognised but left alone (and why), every norm-like module not recognised.
     Modules already patched are not listed again, so a second call lists only what is left."""
@@ -46,6 +51,13 @@ def patch(model: torch.nn.Module, *, norms: bool = True, loss: bool = True) -> P
             if _swap.is_patched(module):
                 continue
             change = torch_norms.patch_module(name, module) or hf_norms.patch_module(name, module)
+            if change is not None:
+                report.changes.append(change)
+    if activations:
+        for name, module in model.named_modules():
+            if _swap.is_patched(module):
+                continue
+            change = hf_mlp.patch_module(name, module)
             if change is not None:
                 report.changes.append(change)
     if loss:

@@ -17,7 +17,7 @@ class Change:
     now: str | None  # what computes it now; None when left alone or not recognised
     reason: str = ""
     action: str = SWAPPED
-    what: str = "norm"  # norm, loss, optimizer
+    what: str = "norm"  # norm, activation, loss, optimizer
 
     def __post_init__(self):
         if self.now is None and self.action == SWAPPED:

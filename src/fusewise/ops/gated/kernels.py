@@ -1,0 +1,115 @@
+"""Triton kernels of the gated activations y = act(gate) * up (SwiGLU: act = SiLU; GeGLU: act =
+GELU, exact or tanh-approximated), forward and backward.
+
+Both kernels walk a [M, N] view in [BLOCK_M, BLOCK_N] tiles (a 1-D grid, tile -> (row block,
+column block)); gate, up and dy have unit stride along N and any row stride (0 for a broadcast,
+2·N for the two halves of a fused gate_up projection); the outputs are contiguous [M, N]. The
+launcher views contiguous inputs as one row [1, M·N], so the common case is a flat stream.
+Math in fp32 whatever the storage dtype, one rounding at the store. Offsets are int64.
+
+ACT (constexpr): 0 SiLU, 1 GELU exact (erf), 2 GELU tanh. The tanh form is written through the
+sigmoid: 1 + tanh(z) = 2·sigmoid(2z) and 1 - tanh(z)² = 4·sigmoid(2z)·sigmoid(-2z), so neither
+cancels where tanh(z) is near ±1.
+"""
+
+import triton
+import triton.language as tl
+
+from .._launch import round_to as _round
+
+
+@triton.jit
+def _activation(g, ACT: tl.constexpr, GRAD: tl.constexpr):
+    """(act(g), act'(g)) in fp32; act'(g) is 0.0 unless GRAD."""
+    if ACT == 0:
+        s = tl.sigmoid(g)
+        a = g * s
+        da = 0.0
+        if GRAD:
+            da = s * (1.0 + g * (1.0 - s))
+    elif ACT == 1:
+        cdf = 0.5 * (1.0 + tl.math.erf(g * 0.7071067811865476))
+        a = g * cdf
+        da = 0.0
+        if GRAD:
+            da = cdf + g * 0.3989422804014327 * tl.exp(-0.5 * g * g)
+    else:
+        k = 0.7978845608028654  # sqrt(2 / pi)
+        z = k * (g + 0.044715 * g * g * g)
+        s = tl.sigmoid(2.0 * z)
+        a = g * s  # 0.5 · g · (1 + tanh z)
+        da = 0.0
+        if GRAD:
+            # 1 - s as sigmoid(-2z), not by subtraction: exact where s is near 1, and the term
+            # is scaled by g·(1 + 3·0.044715·g²)
+            da = s + g * 2.0 * s * tl.sigmoid(-2.0 * z) * k * (1.0 + 3.0 * 0.044715 * g * g)
+    return a, da
+
+
+@triton.jit
+def _tile(pid, M, N, n_col_blocks, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Rows (int64), columns (int64) and the mask of tile `pid`."""
+    pid_m = pid // n_col_blocks
+    pid_n = pid - pid_m * n_col_blocks
+    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    return rows, cols, mask
+
+
+@triton.jit
+def gated_fwd_kernel(
+    G,
+    U,
+    Y,
+    M,
+    N,
+    stride_g,
+    stride_u,
+    n_col_blocks,
+    ACT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """y = act(gate) * up: reads gate and up once, writes y once."""
+    rows, cols, mask = _tile(tl.program_id(0), M, N, n_col_blocks, BLOCK_M, BLOCK_N)
+    g = tl.load(G + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0)
+    u = tl.load(U + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0)
+    a, _ = _activation(g.to(tl.float32), ACT, False)
+    y = a * u.to(tl.float32)
+    tl.store(Y + rows[:, None] * N + cols[None, :], _round(y, Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gated_bwd_kernel(
+    G,
+    U,
+    DY,
+    DG,
+    DU,
+    M,
+    N,
+    stride_g,
+    stride_u,
+    stride_dy,
+    n_col_blocks,
+    ACT: tl.constexpr,
+    NEED_DG: tl.constexpr,
+    NEED_DU: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """dgate = dy * up * act'(gate), dup = dy * act(gate), the activation recomputed from gate:
+    reads gate, up (only if dgate is needed) and dy once, writes dgate and dup once."""
+    rows, cols, mask = _tile(tl.program_id(0), M, N, n_col_blocks, BLOCK_M, BLOCK_N)
+    g = tl.load(G + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0)
+    dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+    a, da = _activation(g.to(tl.float32), ACT, NEED_DG)
+    dy = dy.to(tl.float32)
+    out = rows[:, None] * N + cols[None, :]
+    if NEED_DG:
+        u = tl.load(U + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0)
+        dg = dy * u.to(tl.float32) * da
+        tl.store(DG + out, _round(dg, DG.dtype.element_ty), mask=mask)
+    if NEED_DU:
+        tl.store(DU + out, _round(dy * a, DU.dtype.element_ty), mask=mask)

@@ -1,0 +1,231 @@
+"""The gated MLPs of Hugging Face transformers models -> fusewise.ops.swiglu / geglu, per instance.
+
+A module whose class is in MLPS computes, token for token in transformers 5.17.0 (the installed
+source is compared with FORWARDS in tests/test_patch_hf_mlp.py):
+
+* SEPARATE (Llama, Mistral, Qwen2, Qwen3, OLMo2, Gemma, Gemma2, Gemma3):
+  ``self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))``;
+* GATE_UP (Phi-3): ``gate, up = self.gate_up_proj(x).chunk(2, dim=-1)`` then
+  ``self.down_proj(up * self.activation_fn(gate))`` (the fused op reads the two halves in place).
+
+Its activation module decides the op (ACTIVATIONS, by exact class): SiLU -> swiglu; GELU exact ->
+geglu(approximate="none"); the tanh GELUs -> geglu(approximate="tanh"). Anything else (ReLU, a
+subclass, a forward set on the instance) leaves the MLP alone, with the reason. The swapped class
+derives from FusedGatedMLP (or FusedGateUpMLP) and the MLP's own class, so the object, its
+Parameters and state_dict keys stay; the activation is kept on the instance (_swap.set_attr), so
+unpatch removes it. Mixtral's experts are not this shape and are not looked at.
+
+Autograd then keeps gate and up of each MLP (the fused op recomputes the activation) instead of
+gate, act(gate) and up: one [tokens, intermediate] tensor less per layer.
+
+Every swap is checked on a probe input [2, 3, hidden] in the weights' dtype against the original
+forward, within a relative tolerance of 1e-5 (fp32; 4 ulps for bf16/fp16, where HF rounds
+act(gate) before the product and the fused op does not) of |original| + max |original|; on a
+mismatch the class is restored and the module reported as left alone. A module on the meta device
+is left alone until its weights are loaded.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import ops
+from . import _swap
+from .report import Change
+
+ACT_ATTR = "_fusewise_gated_act"
+SEPARATE = "separate"  # gate_proj, up_proj, down_proj, act_fn
+GATE_UP = "gate_up"  # gate_up_proj (chunked), down_proj, activation_fn
+_PROBE_SHAPE = (2, 3)
+
+FORWARDS = {
+    SEPARATE: "down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))\n"
+    "return down_proj",
+    GATE_UP: "up_states = self.gate_up_proj(hidden_states)\n"
+    "gate, up_states = up_states.chunk(2, dim=-1)\n"
+    "up_states = up_states * self.activation_fn(gate)\n"
+    "return self.down_proj(up_states)",
+}
+_ACT_ATTR_OF = {SEPARATE: "act_fn", GATE_UP: "activation_fn"}
+
+_FAMILIES = {
+    "llama": ("LlamaMLP", SEPARATE),
+    "mistral": ("MistralMLP", SEPARATE),
+    "qwen2": ("Qwen2MLP", SEPARATE),
+    "qwen3": ("Qwen3MLP", SEPARATE),
+    "olmo2": ("Olmo2MLP", SEPARATE),
+    "gemma": ("GemmaMLP", SEPARATE),
+    "gemma2": ("Gemma2MLP", SEPARATE),
+    "gemma3": ("Gemma3MLP", SEPARATE),
+    "phi3": ("Phi3MLP", GATE_UP),
+}
+# (module, class name) -> layout
+MLPS: dict[tuple[str, str], str] = {
+    (f"transformers.models.{family}.modeling_{family}", name): layout
+    for family, (name, layout) in _FAMILIES.items()
+}
+
+# activation class (module, name) -> the kernel's act; nn.GELU reads its `approximate`
+_TF = "transformers.activations"
+ACTIVATIONS: dict[tuple[str, str], str] = {
+    (_TF, "SiLUActivation"): "silu",
+    ("torch.nn.modules.activation", "SiLU"): "silu",
+    (_TF, "GELUActivation"): "gelu",  # F.gelu, or its erf formula (use_gelu_python)
+    (_TF, "GELUTanh"): "gelu_tanh",  # F.gelu(approximate="tanh"), or its formula
+    (_TF, "NewGELUActivation"): "gelu_tanh",
+    (_TF, "FastGELUActivation"): "gelu_tanh",
+}
+_NOW = {
+    "silu": "fusewise.ops.swiglu",
+    "gelu": "fusewise.ops.geglu",
+    "gelu_tanh": "fusewise.ops.geglu",
+}
+_CALL = {
+    "silu": "swiglu(gate, up)",
+    "gelu": 'geglu(gate, up, approximate="none")',
+    "gelu_tanh": 'geglu(gate, up, approximate="tanh")',
+}
+
+
+def _gated(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
+    if act == "silu":
+        return ops.swiglu(gate, up)
+    return ops.geglu(gate, up, approximate="tanh" if act == "gelu_tanh" else "none")
+
+
+class FusedGatedMLP:
+    """down_proj(act(gate_proj(x)) * up_proj(x)) with the product fused; first base of the
+    swapped class (_swap.subclass), so its forward wins."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        act = getattr(self, ACT_ATTR)
+        return self.down_proj(_gated(self.gate_proj(x), self.up_proj(x), act))
+
+
+class FusedGateUpMLP:
+    """Phi-3's: gate and up are the two halves of gate_up_proj(x), read in place."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        act = getattr(self, ACT_ATTR)
+        gate, up = self.gate_up_proj(hidden_states).chunk(2, dim=-1)
+        return self.down_proj(_gated(gate, up, act))
+
+
+_MIXINS = {SEPARATE: FusedGatedMLP, GATE_UP: FusedGateUpMLP}
+
+
+def table_class(cls: type) -> tuple[type, str] | tuple[None, None]:
+    """The first class in cls's MRO that the table knows, with its layout."""
+    for c in cls.__mro__:
+        layout = MLPS.get((c.__module__, c.__qualname__))
+        if layout is not None:
+            return c, layout
+    return None, None
+
+
+def activation_of(act) -> tuple[str | None, str]:
+    """(the kernel's act or None, the reason in words) for an MLP's activation module."""
+    cls = type(act)
+    name = _swap.qualname(cls)
+    if not isinstance(act, torch.nn.Module):
+        return None, f"its activation is {name}, not a module fusewise can read"
+    if "forward" in vars(act):
+        return None, f"its activation {name} has a forward set on the instance (kernelize?)"
+    if cls is torch.nn.GELU:
+        kind = {"none": "gelu", "tanh": "gelu_tanh"}.get(act.approximate)
+        if kind is None:
+            return None, f"its activation is nn.GELU(approximate={act.approximate!r})"
+        return kind, f"activation {name}(approximate={act.approximate!r})"
+    kind = ACTIVATIONS.get((cls.__module__, cls.__qualname__))
+    if kind is None:
+        return None, (
+            f"its activation is {name}: only SiLU and GELU (exact or tanh) have a fused gated "
+            f"kernel"
+        )
+    return kind, f"activation {name}"
+
+
+def patch_module(name: str, module: torch.nn.Module) -> Change | None:
+    """The Change for one module: swapped or left alone if its class (or a base) is in MLPS,
+    else None."""
+    cls = type(module)
+    base, layout = table_class(cls)
+    if base is None:
+        return None
+    was = _swap.qualname(cls)
+
+    def alone(reason: str) -> Change:
+        return Change(name, was, None, reason, what="activation")
+
+    for method in ("forward", "__call__"):
+        if getattr(cls, method) is not getattr(base, method):
+            owner = next(c for c in cls.__mro__ if method in vars(c))
+            own = f"{_swap.qualname(owner)}.{method}"
+            return alone(f"its own {method} ({own}): swapping would drop that code")
+    if "forward" in vars(module):
+        return alone("its forward is set on the instance (kernelize, a wrapper): kept")
+    act, act_reason = activation_of(getattr(module, _ACT_ATTR_OF[layout], None))
+    if act is None:
+        return alone(f"{act_reason}; left as it is")
+    weight = _probe_weight(module, layout)
+    if isinstance(weight, str):
+        return alone(weight)
+
+    original = cls.forward
+    _swap.set_attr(module, ACT_ATTR, act)
+    _swap.swap_class(module, _swap.subclass(_MIXINS[layout], cls))
+    try:
+        mismatch = _probe(module, original, weight)
+    except Exception as e:  # anything the fused op (or the original) refuses on this module
+        mismatch = f"could not be probed ({type(e).__name__}: {e})"
+    if mismatch is not None:
+        _swap.restore(module)
+        return alone(f"{mismatch}; left as it is")
+    reason = f"down_proj({_CALL[act]}): {act_reason}"
+    if cls is not base:
+        reason = f"defines no forward of its own: still a {was}; {reason}"
+    return Change(name, was, _NOW[act], reason, what="activation")
+
+
+def _probe_weight(module: torch.nn.Module, layout: str) -> torch.Tensor | str:
+    """The input projection's weight (sizes and places the probe), or why there is none."""
+    proj = getattr(module, "gate_proj" if layout == SEPARATE else "gate_up_proj", None)
+    weight = getattr(proj, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        return "no 2-D input projection weight to size a probe with"
+    if weight.is_meta:
+        return (
+            "its parameters are on the meta device (not loaded yet), so the swap cannot be "
+            "checked: call fusewise.patch(model) again after the weights are loaded"
+        )
+    if not weight.is_floating_point():
+        return f"its weight is {weight.dtype}, not floating point (quantized?)"
+    return weight
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    if dtype in (torch.float32, torch.float64):
+        return 1e-5
+    return 4 * torch.finfo(dtype).eps
+
+
+def _probe(module: torch.nn.Module, original, weight: torch.Tensor) -> str | None:
+    """None if the fused forward matches `original` on a probe input, else what differs. The
+    input comes from a private generator (the global RNG is untouched)."""
+    gen = torch.Generator().manual_seed(0x5EED)
+    x = torch.randn(*_PROBE_SHAPE, weight.shape[1], generator=gen)
+    x = x.to(device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        want = original(module, x)
+        got = type(module).forward(module, x)
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
+        return "the fused forward gives another shape or dtype than the original on a probe input"
+    rtol = _tolerance(want.dtype)
+    w = want.double()
+    diff = (got.double() - w).abs()
+    if not bool((diff <= rtol * (w.abs() + w.abs().max())).all()):
+        return (
+            f"the fused forward differs from the original on a probe input: max |difference| "
+            f"{diff.max().item():.3g} (relative tolerance {rtol:.3g} for {want.dtype})"
+        )
+    return None
