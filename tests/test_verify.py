@@ -137,9 +137,9 @@ def test_verify_script_runs_both_variants_from_the_same_seeds(tmp_path):
     names = {(c.what, c.name) for c in out.patch.swapped}
     assert names == {("norm", "1"), ("norm", "3"), ("optimizer", "optimizer")}
     assert [c.before for c in out.comparisons] == ["unpatched"]
-    # on the CPU the kernels ran under the interpreter: the report says not to expect a saving
-    said = any("did not run as a compiled Triton kernel" in n for n in out.notes)
-    assert said == (not torch.cuda.is_available())
+    # the script's tensors are on the CPU: its kernels ran under the interpreter (or, on a GPU
+    # machine, the eager reference), and the report says not to expect a saving
+    assert any("did not run as a compiled Triton kernel" in n for n in out.notes)
     d = out.to_dict()
     json.dumps(d)
     assert d["comparisons"][0]["verdict"] in (FASTER, SLOWER, SAME)
