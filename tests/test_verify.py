@@ -183,3 +183,31 @@ def test_verify_cli_hint_for_script_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["verify", script, "--batch", "3"])
     assert "fusewise verify" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "what, kinds",
+    [
+        ({"norms"}, {"norm"}),
+        ({"loss"}, {"loss"}),
+        ({"optimizer"}, {"optimizer"}),
+        (
+            {"norms", "activations", "loss", "optimizer"},
+            {"norm", "activation", "loss", "optimizer"},
+        ),
+    ],
+)
+def test_patcher_patches_only_its_group(what, kinds):
+    """Each fix group runs alone in verify's attribution: a group's run must change nothing else
+    (patch's other switches default to on)."""
+    hf_tiny = pytest.importorskip("hf_tiny")
+    model = hf_tiny.causal_lm("llama")
+    opt = torch.optim.AdamW(model.parameters())
+    from fusewise.verify.script import Patcher
+
+    patcher = Patcher(frozenset(what))
+    patcher(1, [opt])
+    assert {c.what for c in patcher.report.swapped} == kinds
+    assert any(r is model for r in patcher.roots)
+    patcher(2, [opt])  # only where step 1 ends
+    assert len(patcher.report.changes) == len({c.name + c.what for c in patcher.report.changes})

@@ -3,8 +3,8 @@
 1. The first diagnosis (unpatched): the findings and their predicted savings.
 2. Interleaved runs: `rounds` rounds, each running every variant once, the order reversed every
    round (unpatched, patched; patched, unpatched; ...). Variants: unpatched; patched (norms,
-   loss, optimizer); and, when the findings fall in more than one of those fix groups, each group
-   alone, so each group's findings get a measured saving of their own.
+   gated MLPs, loss, optimizer); and, when the findings fall in more than one of the fix groups
+   norms, loss and optimizer, each group alone, so each group's findings get a measured saving of their own.
 3. The comparison of each patched variant against the unpatched one (measure.compare) and the
    loss trajectories (patched against unpatched; the unpatched runs against each other give the
    run-to-run noise).
@@ -21,7 +21,7 @@ from .measure import Samples, check_losses, compare, round_orders
 from .report import FindingCheck, VerifyReport, group_of
 from .script import Patcher, run_variant, seed_everything
 
-ALL = frozenset({"norms", "loss", "optimizer"})
+ALL = frozenset({"norms", "activations", "loss", "optimizer"})
 UNPATCHED, PATCHED = "unpatched", "patched"
 
 
@@ -114,7 +114,12 @@ def verify_script(
     left = {_key(f) for f in after.findings}
     by_name = {c.after: c for c in comparisons}
     swapped = {c.what for c in patch_report.swapped} if patch_report else set()
-    group_name = {"norms": "norm", "loss": "loss", "optimizer": "optimizer"}
+    group_name = {
+        "norms": "norm",
+        "activations": "activation",
+        "loss": "loss",
+        "optimizer": "optimizer",
+    }
     for f in before.findings:
         g = group_of(f)
         c = by_name.get(f"{g} only") or (by_name[PATCHED] if g else None)
