@@ -22,9 +22,9 @@ warmup + 2 x steps + 1 steps in all, and says so if the script ends sooner."""
 
 
 _VERIFY_HELP = """\
-Run SCRIPT in this process unpatched and patched (fusewise.patch on its model: norms and loss;
-its torch AdamW swapped for fusewise's), interleaved over --rounds rounds, and measure the
-difference with a 95% interval; "no measurable difference" when that is the truth.
+Run SCRIPT in this process unpatched and patched (fusewise.patch on its model: norms, gated
+MLPs and loss; its torch AdamW swapped for fusewise's), interleaved over --rounds rounds, and
+measure the difference with a 95% interval; "no measurable difference" when that is the truth.
 
 Each run starts from the same seeds; the patch is applied at the end of step 1. Before: a
 diagnosis of the unpatched step, whose findings get their predicted saving set against the

@@ -191,16 +191,7 @@ def _probe_weight(module: torch.nn.Module, layout: str) -> torch.Tensor | str:
     """The input projection's weight (sizes and places the probe), or why there is none."""
     proj = getattr(module, "gate_proj" if layout == SEPARATE else "gate_up_proj", None)
     weight = getattr(proj, "weight", None)
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-        return "no 2-D input projection weight to size a probe with"
-    if weight.is_meta:
-        return (
-            "its parameters are on the meta device (not loaded yet), so the swap cannot be "
-            "checked: call fusewise.patch(model) again after the weights are loaded"
-        )
-    if not weight.is_floating_point():
-        return f"its weight is {weight.dtype}, not floating point (quantized?)"
-    return weight
+    return _swap.unprobeable(weight, 2) or weight
 
 
 def _tolerance(dtype: torch.dtype) -> float:

@@ -108,16 +108,9 @@ def patch_module(name: str, module: torch.nn.Module) -> Change | None:
 
 
 def _cannot_probe(module: torch.nn.Module, spec: NormSpec) -> str | None:
-    weight = getattr(module, "weight", None)
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 1:
-        return "no 1-D weight tensor to normalise with"
-    if weight.is_meta:
-        return (
-            "its parameters are on the meta device (not loaded yet), so the swap cannot be "
-            "checked: call fusewise.patch(model) again after the weights are loaded"
-        )
-    if not weight.is_floating_point():
-        return f"its weight is {weight.dtype}, not floating point (quantized?)"
+    problem = _swap.unprobeable(getattr(module, "weight", None), 1)
+    if problem is not None:
+        return problem
     if not hasattr(module, spec.eps_attr):
         return f"no attribute {spec.eps_attr!r} to read eps from"
     return None
