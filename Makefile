@@ -18,6 +18,8 @@ VENV_LATEST        ?= .venv-latest
 PY_LATEST          := $(VENV_LATEST)/bin/python
 TRITON_LATEST_SPEC ?= triton
 PYTEST_ARGS        ?=
+# the suite on this many pytest-xdist workers (0: in one process, as on the GPU machine)
+PYTEST_WORKERS     ?= 2
 
 LINT_PATHS := src tests benchmarks
 
@@ -67,11 +69,11 @@ lint: $(VENV)/.installed
 	exit $$rc
 
 test-pinned: $(VENV)/.installed
-	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS) tests
 
 test-latest: $(VENV_LATEST)/.installed
 	@$(PY_LATEST) -c "import torch, triton; print('$(VENV_LATEST): torch', torch.__version__, 'triton', triton.__version__)"
-	$(PY_LATEST) -m pytest -q $(PYTEST_ARGS) tests
+	$(PY_LATEST) -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS) tests
 
 env: $(VENV)/.installed
 	$(PY) -m fusewise env
