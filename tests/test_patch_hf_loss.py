@@ -350,3 +350,37 @@ def test_torch_compile_same_loss():
     torch.testing.assert_close(out.loss, ref.loss, **LOSS_TOL)
     assert_same_grads(hf, patched)
     torch._dynamo.reset()
+
+
+def test_a_compiled_model_is_routed_inside_its_wrapper():
+    """fusewise.patch(torch.compile(model)): the loss is routed on the model inside (the wrapper
+    is no PreTrainedModel), reported under its path, and the compiled model picks it up."""
+    hf = causal_lm("llama")
+    hf.train()
+    inner = copy.deepcopy(hf)
+    ids, labels = batch()
+    ref = step(hf, input_ids=ids, labels=labels)
+    torch._dynamo.reset()
+    compiled = torch.compile(inner, backend="aot_eager")
+    report = fusewise.patch(compiled, norms=False, activations=False)
+    (change,) = report.swapped
+    assert (change.what, change.name) == ("loss", "_orig_mod")
+    assert change.was.endswith("LlamaForCausalLM")
+    out = step(compiled, input_ids=ids, labels=labels)
+    assert out.logits is None
+    torch.testing.assert_close(out.loss, ref.loss, **LOSS_TOL)
+    assert_same_grads(hf, inner)
+    assert fusewise.unpatch(compiled) == 2  # the model and its lm_head
+    torch._dynamo.reset()
+
+
+def test_every_label_ignored_gives_nan_as_hf():
+    """HF's loss is a mean over the labels not ignored: NaN when there are none (a batch of
+    padding), with zero gradients (F.cross_entropy's backward). The routed loss keeps both."""
+    hf, patched, _ = pair("llama")
+    ids, _ = batch()
+    labels = torch.full_like(ids, -100)
+    ref = step(hf, input_ids=ids, labels=labels)
+    out = step(patched, input_ids=ids, labels=labels)
+    assert torch.isnan(ref.loss) and torch.isnan(out.loss)
+    assert_same_grads(hf, patched)  # zeros in both

@@ -84,7 +84,7 @@ def test_interleave_steps_alternates_the_variants_and_keeps_losses():
 def test_check_losses():
     ok = check_losses([2.0, 1.5, 1.2], [2.0, 1.5001, 1.2], rtol=1e-3, noise=[2.0, 1.5, 1.2])
     assert ok.equal and ok.steps == 3 and ok.noise_rel_diff == 0
-    assert "equal over 3 steps" in ok.describe()
+    assert "equal over 3 values" in ok.describe()
     bad = check_losses([2.0, 1.5], [2.0, 1.9], rtol=1e-2)
     assert not bad.equal and "NOT equal" in bad.describe()
     assert not check_losses([], [], rtol=1e-2).equal

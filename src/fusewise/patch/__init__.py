@@ -61,8 +61,35 @@ def patch(
             if change is not None:
                 report.changes.append(change)
     if loss:
-        report.changes.extend(loss_routing.patch_model(model))
+        name, inner = unwrapped(model)
+        for change in loss_routing.patch_model(inner):
+            change.name = name
+            report.changes.append(change)
     return report
+
+
+# The attribute under which a wrapper keeps the model it runs: torch.compile's OptimizedModule,
+# DistributedDataParallel / DataParallel. The loss is routed on the model's own class (its
+# forward calls lm_head and loss_function); the wrapper calls that forward and sees the swap.
+_WRAPPED = ("_orig_mod", "module")
+
+
+def unwrapped(model: torch.nn.Module) -> tuple[str, torch.nn.Module]:
+    """(path, the model inside any wrappers): ("_orig_mod", m) for torch.compile(m)."""
+    path = []
+    while True:
+        inner = next(
+            (
+                (a, getattr(model, a))
+                for a in _WRAPPED
+                if isinstance(getattr(model, a, None), torch.nn.Module) and len(model._modules) == 1
+            ),
+            None,
+        )
+        if inner is None:
+            return ".".join(path), model
+        path.append(inner[0])
+        model = inner[1]
 
 
 def unpatch(model: torch.nn.Module) -> int:

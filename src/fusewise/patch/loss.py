@@ -100,19 +100,19 @@ class _RoutedLoss:
         h, weight, bias = _cast(h, self.head.weight, self.head.bias)
         softcap = getattr(self.config, "final_logit_softcapping", None) if self.config else None
         loss = linear_cross_entropy(
-            h,
-            weight,
-            target,
-            bias,
-            ignore_index=ignore_index,
-            reduction="mean" if num_items_in_batch is None else "sum",
-            softcap=softcap,
+            h, weight, target, bias, ignore_index=ignore_index, reduction="sum", softcap=softcap
         )
-        if num_items_in_batch is not None:  # as HF's fixed_cross_entropy
-            if torch.is_tensor(num_items_in_batch):
-                num_items_in_batch = num_items_in_batch.to(loss.device)
-            loss = loss / num_items_in_batch
-        return loss
+        if num_items_in_batch is None:
+            # F.cross_entropy's mean, as HF takes it: the sum over the targets not ignored over
+            # their count, on the device (no sync). A batch whose every label is ignored gives a
+            # NaN loss and zero gradients, as F.cross_entropy does (linear_cross_entropy's own
+            # "mean" gives 0 there): NaN added to the value only, outside autograd's path.
+            count = (target != ignore_index).sum()
+            empty = torch.where(count == 0, float("nan"), 0.0).to(loss.dtype)
+            return loss / count.clamp_min(1) + empty
+        if torch.is_tensor(num_items_in_batch):  # as HF's fixed_cross_entropy
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        return loss / num_items_in_batch
 
 
 def _cast(h: Tensor, weight: Tensor, bias: Tensor | None):

@@ -186,7 +186,8 @@ class LossCheck:
             noise = f"; the unpatched run against itself: {self.noise_rel_diff:.1e}"
         verdict = "equal" if self.equal else "NOT equal"
         return (
-            f"losses {verdict} over {self.steps} steps: largest relative difference "
+            f"losses {verdict} over {self.steps} values (each loss given to .backward(), or "
+            f"returned by the step): largest relative difference "
             f"{self.max_rel_diff:.1e} (tolerance {self.rtol:.0e}{noise})"
         )
 
