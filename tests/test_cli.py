@@ -166,6 +166,8 @@ def test_demo_runs_and_shows_before_and_after(capsys, monkeypatch, tmp_path):
     out = capsys.readouterr().out
     assert "naive step" in out and "what changed" in out
     assert "fusion-chain (norm)" in out and "fusion-chain (optimizer)" in out
+    # measured interleaved, with the interval and the verdict; the first steps' losses agree
+    assert "95% interval" in out and "losses equal over 2 values" in out
 
 
 def test_demo_norms_checks_the_kernels(capsys, monkeypatch, tmp_path):

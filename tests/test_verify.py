@@ -76,7 +76,7 @@ def test_interleave_steps_alternates_the_variants_and_keeps_losses():
     )
     assert calls == list("ab" + "aabb" + "bbaa" + "aabb")  # warm-up, then a b / b a / a b
     assert len(out["a"].ms) == 6 and len(out["a"].round_ms) == 3
-    assert out["a"].losses == [[1.0] * 6] and out["b"].losses == [[2.0] * 6]
+    assert out["a"].losses == [[1.0] * 7] and out["b"].losses == [[2.0] * 7]  # warm-up too
     with pytest.raises(ValueError, match="rounds >= 2"):
         interleave_steps({"a": make("a", 1.0)}, rounds=1)
 

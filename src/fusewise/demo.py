@@ -45,7 +45,14 @@ def run(console: Console, *, steps: int = 7, warmup: int = 2) -> int:
         warnings.simplefilter("ignore")
         measured = interleave_steps(steps_of, warmup=warmup, per_round=2, rounds=12, device=device)
     comparison = compare(measured["naive"], measured[fixed])
-    losses = check_losses(measured["naive"].losses[0], measured[fixed].losses[0], rtol=2e-2)
+    # The first steps from the restored weights: both steps train on one fixed batch, whose loss
+    # falls towards 0 within ~30 steps, where bf16's small differences become large relative
+    # ones (on the H200 the 24th losses differed by 3.9x): the trajectories are compared where
+    # they are still the same computation, not after it has memorised the batch.
+    first = slice(0, steps)
+    losses = check_losses(
+        measured["naive"].losses[0][first], measured[fixed].losses[0][first], rtol=2e-2
+    )
     before, after = reports["naive"], reports[fixed]
     t = Table(title=f"naive -> {fixed}: what changed")
     for col in ("", "naive", fixed):

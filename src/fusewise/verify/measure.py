@@ -128,6 +128,12 @@ def _as_loss(value) -> float | None:
     return None
 
 
+def _keep_loss(samples: Samples, value) -> None:
+    loss = _as_loss(value)
+    if loss is not None:
+        samples.losses[0].append(loss)
+
+
 def interleave_steps(
     steps: dict,
     *,
@@ -138,16 +144,17 @@ def interleave_steps(
 ) -> dict[str, Samples]:
     """Run each zero-argument step callable `warmup` times, then `rounds` rounds of `per_round`
     steps each, interleaved (round_orders). Each step is timed from a device sync to a device
-    sync. A step's return value, when it is a one-element tensor or a number, is its loss.
+    sync. A step's return value, when it is a one-element tensor or a number, is its loss (the
+    warm-up steps' too, in order: losses[0] is the variant's trajectory from its first step).
     Returns {name: Samples}; peak_bytes is left None (the variants share one process, so their
     peaks are not theirs alone)."""
     if warmup < 1 or per_round < 1 or rounds < 2:
         raise ValueError("interleave_steps needs warmup >= 1, per_round >= 1 and rounds >= 2")
     device = torch.device(device) if device is not None else None
     out = {name: Samples(name, losses=[[]]) for name in steps}
-    for step in steps.values():
-        for _ in range(warmup):
-            step()
+    for name, step in steps.items():
+        for _ in range(warmup):  # their losses count: a trajectory is compared from its start
+            _keep_loss(out[name], step())
     for order in round_orders(list(steps), rounds):
         for name in order:
             ms = []
@@ -157,9 +164,7 @@ def interleave_steps(
                 value = steps[name]()
                 _sync(device)
                 ms.append((time.perf_counter() - t0) * 1e3)
-                loss = _as_loss(value)
-                if loss is not None:
-                    out[name].losses[0].append(loss)
+                _keep_loss(out[name], value)
             out[name].add_round(ms)
     return out
 
