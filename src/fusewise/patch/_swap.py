@@ -81,18 +81,3 @@ def subclass(*bases: type) -> type:
 def _new(*bases: type):
     cls = subclass(*bases)
     return cls.__new__(cls)
-
-
-def unprobeable(weight, dims: int) -> str | None:
-    """Why a module whose weight is `weight` (expected `dims`-D) cannot be probe-checked, or
-    None: the HF swaps check each module on a probe input before keeping it."""
-    if not isinstance(weight, torch.Tensor) or weight.dim() != dims:
-        return f"no {dims}-D weight tensor to size a probe with"
-    if weight.is_meta:
-        return (
-            "its parameters are on the meta device (not loaded yet), so the swap cannot be "
-            "checked: call fusewise.patch(model) again after the weights are loaded"
-        )
-    if not weight.is_floating_point():
-        return f"its weight is {weight.dtype}, not floating point (quantized?)"
-    return None

@@ -30,13 +30,12 @@ from __future__ import annotations
 import torch
 
 from .. import ops
-from . import _swap
+from . import _probe, _swap
 from .report import Change
 
 ACT_ATTR = "_fusewise_gated_act"
 SEPARATE = "separate"  # gate_proj, up_proj, down_proj, act_fn
 GATE_UP = "gate_up"  # gate_up_proj (chunked), down_proj, activation_fn
-_PROBE_SHAPE = (2, 3)
 
 FORWARDS = {
     SEPARATE: "down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))\n"
@@ -157,13 +156,9 @@ def patch_module(name: str, module: torch.nn.Module) -> Change | None:
     def alone(reason: str) -> Change:
         return Change(name, was, None, reason, what="activation")
 
-    for method in ("forward", "__call__"):
-        if getattr(cls, method) is not getattr(base, method):
-            owner = next(c for c in cls.__mro__ if method in vars(c))
-            own = f"{_swap.qualname(owner)}.{method}"
-            return alone(f"its own {method} ({own}): swapping would drop that code")
-    if "forward" in vars(module):
-        return alone("its forward is set on the instance (kernelize, a wrapper): kept")
+    kept = _probe.code_of_its_own(module, base, ("forward", "__call__"))
+    if kept is not None:
+        return alone(kept)
     act, act_reason = activation_of(getattr(module, _ACT_ATTR_OF[layout], None))
     if act is None:
         return alone(f"{act_reason}; left as it is")
@@ -171,15 +166,13 @@ def patch_module(name: str, module: torch.nn.Module) -> Change | None:
     if isinstance(weight, str):
         return alone(weight)
 
-    original = cls.forward
     _swap.set_attr(module, ACT_ATTR, act)
-    _swap.swap_class(module, _swap.subclass(_MIXINS[layout], cls))
-    try:
-        mismatch = _probe(module, original, weight)
-    except Exception as e:  # anything the fused op (or the original) refuses on this module
-        mismatch = f"could not be probed ({type(e).__name__}: {e})"
+    # bf16/fp16: 4 ulps (HF rounds act(gate) before the product, the fused op does not), of
+    # |original| + max |original|
+    mismatch = _probe.swap_checked(
+        module, _MIXINS[layout], weight, weight.shape[1], ulps=4, floor=1.0
+    )
     if mismatch is not None:
-        _swap.restore(module)
         return alone(f"{mismatch}; left as it is")
     reason = f"down_proj({_CALL[act]}): {act_reason}"
     if cls is not base:
@@ -191,32 +184,4 @@ def _probe_weight(module: torch.nn.Module, layout: str) -> torch.Tensor | str:
     """The input projection's weight (sizes and places the probe), or why there is none."""
     proj = getattr(module, "gate_proj" if layout == SEPARATE else "gate_up_proj", None)
     weight = getattr(proj, "weight", None)
-    return _swap.unprobeable(weight, 2) or weight
-
-
-def _tolerance(dtype: torch.dtype) -> float:
-    if dtype in (torch.float32, torch.float64):
-        return 1e-5
-    return 4 * torch.finfo(dtype).eps
-
-
-def _probe(module: torch.nn.Module, original, weight: torch.Tensor) -> str | None:
-    """None if the fused forward matches `original` on a probe input, else what differs. The
-    input comes from a private generator (the global RNG is untouched)."""
-    gen = torch.Generator().manual_seed(0x5EED)
-    x = torch.randn(*_PROBE_SHAPE, weight.shape[1], generator=gen)
-    x = x.to(device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        want = original(module, x)
-        got = type(module).forward(module, x)
-    if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
-        return "the fused forward gives another shape or dtype than the original on a probe input"
-    rtol = _tolerance(want.dtype)
-    w = want.double()
-    diff = (got.double() - w).abs()
-    if not bool((diff <= rtol * (w.abs() + w.abs().max())).all()):
-        return (
-            f"the fused forward differs from the original on a probe input: max |difference| "
-            f"{diff.max().item():.3g} (relative tolerance {rtol:.3g} for {want.dtype})"
-        )
-    return None
+    return _probe.unprobeable(weight, 2) or weight

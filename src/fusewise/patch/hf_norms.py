@@ -23,7 +23,7 @@ import re
 import torch
 
 from .. import ops
-from . import _swap
+from . import _probe, _swap
 from .hf_norm_specs import LLAMA_ORDER, SPECS, NormSpec
 from .report import UNRECOGNISED, Change
 from .torch_norms import COMPUTE
@@ -31,7 +31,6 @@ from .torch_norms import COMPUTE
 SPEC_ATTR = "_fusewise_hf_norm_spec"
 NOW = "fusewise.ops.rms_norm"
 _NORM_NAME = re.compile(r"norm(\d+d)?$", re.IGNORECASE)
-_PROBE_SHAPE = (2, 3)  # leading dims of the probe input [2, 3, N]
 
 
 class FusedHFRMSNorm:
@@ -62,15 +61,6 @@ def table_class(cls: type) -> tuple[type, NormSpec] | tuple[None, None]:
     return None, None
 
 
-def own_compute(cls: type, base: type, spec: NormSpec) -> str | None:
-    """'Owner.method' for the first method deciding what base computes that cls redefines."""
-    own = next((m for m in COMPUTE + spec.calls if getattr(cls, m) is not getattr(base, m)), None)
-    if own is None:
-        return None
-    owner = next(c for c in cls.__mro__ if own in vars(c))
-    return f"{_swap.qualname(owner)}.{own}"
-
-
 def patch_module(name: str, module: torch.nn.Module) -> Change | None:
     """The Change for one module: swapped or left alone if its class (or a base) is in the table,
     not recognised if its class name looks like a norm's, else None."""
@@ -79,27 +69,18 @@ def patch_module(name: str, module: torch.nn.Module) -> Change | None:
     if base is None:
         return _unrecognised(name, module)
     was = _swap.qualname(cls)
-    own = own_compute(cls, base, spec)
-    if own is not None:
-        method = own.rsplit(".", 1)[1]
-        return Change(name, was, None, f"its own {method} ({own}): swapping would drop that code")
-    if "forward" in vars(module):
-        return Change(
-            name, was, None, "its forward is set on the instance (kernelize, a wrapper): kept"
-        )
-    unprobeable = _cannot_probe(module, spec)
-    if unprobeable is not None:
-        return Change(name, was, None, unprobeable)
+    kept = _probe.code_of_its_own(module, base, COMPUTE + spec.calls)
+    kept = kept or _cannot_probe(module, spec)
+    if kept is not None:
+        return Change(name, was, None, kept)
 
-    original = cls.forward
     _swap.set_attr(module, SPEC_ATTR, spec)
-    _swap.swap_class(module, _swap.subclass(FusedHFRMSNorm, cls))
-    try:
-        mismatch = _probe(module, original)
-    except Exception as e:  # anything the fused op (or the original) refuses on this module
-        mismatch = f"could not be probed ({type(e).__name__}: {e})"
+    # bf16/fp16: two ulps, LLAMA's order rounding twice where the fused op rounds once (at most
+    # about one ulp apart); the floor of 1e-3 of the largest value covers fp32's summation order
+    mismatch = _probe.swap_checked(
+        module, FusedHFRMSNorm, module.weight, module.weight.shape[0], ulps=2, floor=1e-3
+    )
     if mismatch is not None:
-        _swap.restore(module)
         return Change(name, was, None, f"{mismatch}; left as it is")
     reason = spec.describe()
     if cls is not base:
@@ -108,54 +89,12 @@ def patch_module(name: str, module: torch.nn.Module) -> Change | None:
 
 
 def _cannot_probe(module: torch.nn.Module, spec: NormSpec) -> str | None:
-    problem = _swap.unprobeable(getattr(module, "weight", None), 1)
+    problem = _probe.unprobeable(getattr(module, "weight", None), 1)
     if problem is not None:
         return problem
     if not hasattr(module, spec.eps_attr):
         return f"no attribute {spec.eps_attr!r} to read eps from"
     return None
-
-
-def _tolerance(dtype: torch.dtype) -> float:
-    """Relative tolerance of the probe. fp32 (and fp64): 1e-5, room for a different summation
-    order of the mean and rsqrt's rounding. bf16/fp16: two ulps (2 * eps relative): LLAMA's
-    order rounds twice where the fused op rounds once (at most about one ulp apart)."""
-    if dtype in (torch.float32, torch.float64):
-        return 1e-5
-    return 2 * torch.finfo(dtype).eps
-
-
-def _probe(module: torch.nn.Module, original) -> str | None:
-    """None if the fused forward matches `original` on a probe input, else what differs. The
-    input comes from a private generator (the global RNG is untouched): [2, 3, N] in the weight's
-    dtype, on its device."""
-    weight = module.weight
-    gen = torch.Generator().manual_seed(0x5EED)
-    x = torch.randn(*_PROBE_SHAPE, weight.shape[0], generator=gen)
-    x = x.to(device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        want = original(module, x)
-        got = type(module).forward(module, x)
-    if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
-        return (
-            f"the fused forward gives {_describe(got)} where the original gives "
-            f"{_describe(want)} on a probe input"
-        )
-    rtol = _tolerance(want.dtype)
-    diff = (got.double() - want.double()).abs()
-    bound = rtol * want.double().abs() + rtol * 1e-3 * want.double().abs().max()
-    if not bool((diff <= bound).all()):
-        return (
-            f"the fused forward differs from the original on a probe input: max |difference| "
-            f"{diff.max().item():.3g} (relative tolerance {rtol:.3g} for {want.dtype})"
-        )
-    return None
-
-
-def _describe(t) -> str:
-    if isinstance(t, torch.Tensor):
-        return f"{tuple(t.shape)} {t.dtype}"
-    return type(t).__name__
 
 
 def _unrecognised(name: str, module: torch.nn.Module) -> Change | None:

@@ -13,22 +13,13 @@ from __future__ import annotations
 import torch
 
 from .. import nn as fnn
-from . import _swap
+from . import _probe, _swap
 from .report import Change
 
 SWAPS = {torch.nn.LayerNorm: fnn.LayerNorm, torch.nn.RMSNorm: fnn.RMSNorm}
 # The methods that decide what a module computes when called. Any other override keeps torch's
 # computation, which the fused module reproduces.
 COMPUTE = ("forward", "__call__", "_call_impl", "_wrapped_call_impl")
-
-
-def own_compute(cls: type, base: type) -> str | None:
-    """'Owner.method' for the first of COMPUTE that cls defines differently from base, or None."""
-    own = next((m for m in COMPUTE if getattr(cls, m) is not getattr(base, m)), None)
-    if own is None:
-        return None
-    owner = next(c for c in cls.__mro__ if own in vars(c))
-    return f"{_swap.qualname(owner)}.{own}"
 
 
 def patch_module(name: str, module: torch.nn.Module) -> Change | None:
@@ -38,17 +29,12 @@ def patch_module(name: str, module: torch.nn.Module) -> Change | None:
         return None
     cls, fused = type(module), SWAPS[base]
     was, now = _swap.qualname(cls), _swap.qualname(fused)
+    kept = _probe.code_of_its_own(module, base, COMPUTE)
+    if kept is not None:
+        return Change(name, was, None, kept)
     if cls is base:
         _swap.swap_class(module, fused)
         return Change(name, was, now)
-    own = own_compute(cls, base)
-    if own is not None:
-        return Change(
-            name,
-            was,
-            None,
-            f"its own {own.rsplit('.', 1)[1]} ({own}): swapping would drop that code",
-        )
     _swap.swap_class(module, _swap.subclass(cls, fused))
     return Change(
         name, was, now, f"defines no forward of its own: still a {was}, computed by {now}"
