@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from .. import _dispatch
+from .._checks import check_floating
 from . import launch, reference
 
 APPROXIMATE = {"none": "gelu", "tanh": "gelu_tanh"}  # geglu's approximate -> the kernel's act
@@ -145,16 +146,8 @@ torch.library.register_autograd(
 
 
 def _check(gate: Tensor, up: Tensor) -> None:
-    for name, t in (("gate", gate), ("up", up)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.layout != torch.strided:
-            raise TypeError(f"{name} must be a dense tensor, got {t.layout}; use {name}.to_dense()")
-        if not t.is_floating_point():
-            raise TypeError(
-                f"{name} must be a floating-point tensor (float32, bfloat16 or float16), "
-                f"got {t.dtype}"
-            )
+    check_floating("gate", gate)
+    check_floating("up", up)
     if up.shape != gate.shape:
         raise ValueError(
             f"up must have gate's shape {tuple(gate.shape)}, got {tuple(up.shape)} (no "
