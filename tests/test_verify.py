@@ -170,6 +170,8 @@ def test_verify_cli_with_diagnoses(tmp_path, capsys):
     [
         (["--warmup", "1"], "must be at least 2"),
         (["--rounds", "1"], "must be at least 2"),
+        (["--rtol", "0"], "--rtol must be a positive number"),
+        (["--rtol", "nan"], "--rtol must be a positive number"),
     ],
 )
 def test_verify_cli_refuses_what_cannot_be_measured(argv, said, tmp_path, capsys):

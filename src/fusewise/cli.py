@@ -279,6 +279,15 @@ def _verify_script(console: Console, args) -> int:
             )
         )
         return 2
+    if not (0 < args.rtol < math.inf):
+        console.print(
+            Text(
+                f"--rtol must be a positive number (the largest relative difference of two "
+                f"losses still called equal, e.g. 1e-2), got {args.rtol}",
+                style="red",
+            )
+        )
+        return 2
     args.json = os.path.abspath(args.json) if args.json else None
     problem = _output_problem(args.json, "--json", args.script, {})
     if problem:

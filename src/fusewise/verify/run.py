@@ -68,6 +68,8 @@ def verify_script(
     say = progress or (lambda text: None)
     if warmup < 2 or steps < 2 or rounds < 2:
         raise ValueError("verify needs warmup >= 2, steps >= 2 and rounds >= 2")
+    if not (0 < rtol < float("inf")):
+        raise ValueError(f"rtol must be a positive number (e.g. 1e-2), got {rtol}")
     before = None
     if diagnose:
         say("diagnosing the unpatched step")
