@@ -1,0 +1,210 @@
+"""Predicted against measured saving, on naive/fixed pairs of one GPT training step.
+
+Each pair starts from the naive step of fusewise.examples.gpt (a three-pass LayerNorm, attention
+written out, fp32 logits into the loss, a per-parameter AdamW loop) and fixes one problem (or all
+of them: the demo's pair). The naive step is diagnosed; the prediction is the sum of the
+predicted savings of the findings that problem's fix addresses; the measured saving is naive
+against fixed, interleaved (fusewise.verify), with its 95% interval. The `sync` pair starts from
+the clean step with a `loss.item()` per step.
+
+python benchmarks/predict_pairs.py [--configs demo,small] [--pairs norm,attention,...]
+Table last; CSV rows (one per pair) and each naive diagnosis' findings (JSON) under $OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import warnings
+
+import torch
+import torch.nn as nn
+from _rows import commit
+
+import fusewise
+from fusewise.examples.gpt import GPT, GPTConfig
+from fusewise.verify import compare, interleave_steps
+
+CONFIGS = {
+    # the demo's GPU step
+    "demo": GPTConfig(vocab=32768, seq=1024, d_model=1024, heads=16, layers=4, batch=8),
+    # smaller and more launch-bound: many short kernels per step
+    "small": GPTConfig(vocab=16384, seq=512, d_model=512, heads=8, layers=6, batch=8),
+    # the CPU smoke run
+    "cpu": GPTConfig(vocab=2048, seq=64, d_model=64, heads=4, layers=2, batch=2),
+}
+
+# (kind, pattern) of the findings each fix addresses
+ADDRESSES = {
+    "norm": {("fusion-chain", "norm")},
+    "attention": {
+        ("fusion-chain", "attention"),
+        ("attention-fallback", None),
+        ("quadratic-memory", None),
+    },
+    "loss": {("fusion-chain", "cross-entropy")},
+    "optimizer": {("fusion-chain", "optimizer")},
+    "sync": {("host-sync", None), ("host-sync", "explicit-sync")},
+}
+ADDRESSES["demo"] = set().union(*(ADDRESSES[k] for k in ("norm", "attention", "loss", "optimizer")))
+PAIRS = ("demo", "norm", "attention", "loss", "optimizer", "sync")
+
+
+def _norm_cls(cuda: bool):
+    if cuda:
+        from fusewise.nn import LayerNorm
+
+        return LayerNorm
+    return nn.LayerNorm
+
+
+def build(config: GPTConfig, fixes: set[str], *, sync: bool, device: str, dtype):
+    """(step, model, optimizer) of the naive GPT with `fixes` applied; same weights and batch
+    for every variant (seeded)."""
+    cuda = device == "cuda"
+    torch.manual_seed(0)
+    model = GPT(config, "naive")
+    if "clean" in fixes:
+        fixes = fixes | {"norm", "attention", "loss", "optimizer"}
+    if "norm" in fixes:
+        norm = _norm_cls(cuda)
+        for blk in model.blocks:
+            for name in ("ln1", "ln2"):
+                old = getattr(blk, name)
+                new = norm(config.d_model)
+                new.load_state_dict(old.state_dict())
+                setattr(blk, name, new)
+    if "attention" in fixes:
+        for blk in model.blocks:
+            blk.naive = False  # scaled_dot_product_attention
+    if "loss" in fixes:
+        # linear_cross_entropy on the GPU; on the CPU logits in the model's dtype (no fp32 copy)
+        model.variant, model.naive = ("fusewise", False) if cuda else ("clean", False)
+    model = model.to(device=device, dtype=dtype)
+    if "optimizer" in fixes:
+        if cuda:
+            opt = fusewise.optim.AdamW(model.parameters(), lr=1e-3)
+        else:
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    g = torch.Generator(device="cpu").manual_seed(1)
+    idx = torch.randint(0, config.vocab, (config.batch, config.seq), generator=g).to(device)
+    tgt = torch.randint(0, config.vocab, (config.batch, config.seq), generator=g).to(device)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = model(idx, tgt)
+        loss.backward()
+        opt.step()
+        if sync:
+            loss.item()  # the per-step host sync a logging line makes
+        return loss
+
+    return step, model, opt
+
+
+def _key(f) -> tuple[str, str | None]:
+    return f.kind, f.pattern
+
+
+def run_pair(name: str, config: GPTConfig, *, device: str, dtype, rounds: int, out_dir):
+    if name == "sync":
+        naive = build(config, {"clean"}, sync=True, device=device, dtype=dtype)
+        fixed = build(config, {"clean"}, sync=False, device=device, dtype=dtype)
+    else:
+        fixes = {"norm", "attention", "loss", "optimizer"} if name == "demo" else {name}
+        naive = build(config, set(), sync=False, device=device, dtype=dtype)
+        fixed = build(config, fixes, sync=False, device=device, dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fusewise's CPU-path notices
+        report = fusewise.diagnose(naive[0], steps=5, warmup=2, restore=list(naive[1:]))
+        samples = interleave_steps(
+            {"naive": naive[0], "fixed": fixed[0]},
+            warmup=3,
+            per_round=3,
+            rounds=rounds,
+            device=device,
+        )
+    c = compare(samples["naive"], samples["fixed"])
+    counted = [f for f in report.findings if _key(f) in ADDRESSES[name]]
+    predicted = sum(f.est_saving_ms for f in counted)
+    if out_dir:
+        with open(os.path.join(out_dir, f"pair_{name}_{_cname(config)}.json"), "w") as fh:
+            json.dump(report.as_dict(), fh, indent=1, default=str)
+    return dict(
+        pair=name,
+        predicted_ms=predicted,
+        measured_ms=c.saving_ms,
+        low_ms=c.low_ms,
+        high_ms=c.high_ms,
+        naive_ms=samples["naive"].median_ms,
+        fixed_ms=samples["fixed"].median_ms,
+        ratio=predicted / c.saving_ms if c.saving_ms else float("nan"),
+        findings="; ".join(
+            f"{f.kind}/{f.pattern or '-'} {f.est_saving_ms:.2f}@{f.where}" for f in counted
+        ),
+        others="; ".join(
+            f"{f.kind}/{f.pattern or '-'} {f.est_saving_ms:.2f}"
+            for f in report.findings
+            if f not in counted
+        ),
+    )
+
+
+def _cname(config: GPTConfig) -> str:
+    return next((k for k, v in CONFIGS.items() if v == config), "custom")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    cuda = torch.cuda.is_available()
+    ap.add_argument("--configs", default="demo,small" if cuda else "cpu")
+    ap.add_argument("--pairs", default=",".join(PAIRS))
+    ap.add_argument("--rounds", type=int, default=8)
+    a = ap.parse_args()
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    out_dir = os.environ.get("OUT")
+    rows = []
+    for cname in a.configs.split(","):
+        for pair in a.pairs.split(","):
+            r = run_pair(
+                pair, CONFIGS[cname], device=device, dtype=dtype, rounds=a.rounds, out_dir=out_dir
+            )
+            r = dict(config=cname, **r)
+            rows.append(r)
+            print(
+                f"{cname:6} {pair:10} predicted {r['predicted_ms']:7.2f} ms  measured "
+                f"{r['measured_ms']:7.2f} [{r['low_ms']:.2f}, {r['high_ms']:.2f}]  "
+                f"ratio {r['ratio']:.2f}  | {r['findings']}",
+                flush=True,
+            )
+    meta = dict(
+        gpu=torch.cuda.get_device_name() if cuda else "cpu",
+        torch=torch.__version__,
+        commit=commit(),
+        date=__import__("datetime").date.today().isoformat(),
+    )
+    if out_dir:
+        import csv
+
+        with open(os.path.join(out_dir, "predict_pairs.csv"), "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=[*rows[0], *meta])
+            w.writeheader()
+            w.writerows(dict(r, **meta) for r in rows)
+    print(f"\n{meta}")
+    print(
+        f"{'config':7}{'pair':11}{'predicted':>10}{'measured':>10}{'95% interval':>20}{'ratio':>7}"
+    )
+    for r in rows:
+        ok = "ok" if abs(r["ratio"] - 1) <= 0.3 else "MISS"
+        interval = f"[{r['low_ms']:.2f}, {r['high_ms']:.2f}]"
+        print(
+            f"{r['config']:7}{r['pair']:11}{r['predicted_ms']:10.2f}{r['measured_ms']:10.2f}"
+            f"{interval:>20}{r['ratio']:7.2f} {ok}"
+        )
+
+
+if __name__ == "__main__":
+    main()
