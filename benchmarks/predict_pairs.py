@@ -5,7 +5,8 @@ written out, fp32 logits into the loss, a per-parameter AdamW loop) and fixes on
 of them: the demo's pair). The naive step is diagnosed; the prediction is the sum of the
 predicted savings of the findings that problem's fix addresses; the measured saving is naive
 against fixed, interleaved (fusewise.verify), with its 95% interval. The `sync` pair starts from
-the clean step with a `loss.item()` per step.
+the clean step with a `loss.item()` per step; `norm-torch` fixes the norm with torch's own
+nn.LayerNorm instead of fusewise's (whose eager host cost is issue #14's).
 
 python benchmarks/predict_pairs.py [--configs demo,small] [--pairs norm,attention,...]
 Table last; CSV rows (one per pair) and each naive diagnosis' findings (JSON) under $OUT.
@@ -38,6 +39,7 @@ CONFIGS = {
 # (kind, pattern) of the findings each fix addresses
 ADDRESSES = {
     "norm": {("fusion-chain", "norm")},
+    "norm-torch": {("fusion-chain", "norm")},
     "attention": {
         ("fusion-chain", "attention"),
         ("attention-fallback", None),
@@ -48,7 +50,7 @@ ADDRESSES = {
     "sync": {("host-sync", None), ("host-sync", "explicit-sync")},
 }
 ADDRESSES["demo"] = set().union(*(ADDRESSES[k] for k in ("norm", "attention", "loss", "optimizer")))
-PAIRS = ("demo", "norm", "attention", "loss", "optimizer", "sync")
+PAIRS = ("demo", "norm", "norm-torch", "attention", "loss", "optimizer", "sync")
 
 
 def _norm_cls(cuda: bool):
@@ -67,8 +69,8 @@ def build(config: GPTConfig, fixes: set[str], *, sync: bool, device: str, dtype)
     model = GPT(config, "naive")
     if "clean" in fixes:
         fixes = fixes | {"norm", "attention", "loss", "optimizer"}
-    if "norm" in fixes:
-        norm = _norm_cls(cuda)
+    if "norm" in fixes or "norm-torch" in fixes:
+        norm = _norm_cls(cuda and "norm-torch" not in fixes)
         for blk in model.blocks:
             for name in ("ln1", "ln2"):
                 old = getattr(blk, name)

@@ -27,6 +27,9 @@ class Timeline:
     loader: list[tuple[float, float]] = field(default_factory=list)  # DataLoader __next__
     host: list[tuple[float, float, str]] = field(default_factory=list)  # aten ops, for naming
     steps: int = 1
+    # (phase, aten op) -> the idle gap (us) just before each kernel that op launched, over the
+    # steps (kernel_gaps below); the diagnosis decides which gaps are launch-bound
+    kernel_gaps: dict[tuple[str, str], list[float]] = field(default_factory=dict)
 
 
 def timeline_from_profiler(prof, steps: int) -> Timeline | None:
@@ -48,7 +51,65 @@ def timeline_from_profiler(prof, steps: int) -> Timeline | None:
     if not device or t0 is None:
         return None
     device.sort()
-    return Timeline((t0, max(d[1] for d in device)), device, sorted(syncs), loader, host, steps)
+    return Timeline(
+        (t0, max(d[1] for d in device)),
+        device,
+        sorted(syncs),
+        loader,
+        host,
+        steps,
+        kernel_gaps(prof),
+    )
+
+
+# torch.optim wraps every Optimizer.step in a profiler range of this name
+_OPTIMIZER_RANGE = "Optimizer.step#"
+
+
+def kernel_gaps(prof) -> dict[tuple[str, str], list[float]]:
+    """The idle device time just before each kernel (0 when the device was still busy), listed
+    under the (phase, aten op) that launched it: a short gap is the device waiting for that
+    launch, what removing the op would give back (diagnose/_measured.py).
+
+    Kernels are joined to their op through the profiler's correlation ids (a kernel's linked
+    correlation id is its launching op's id), read from the raw kineto events before the
+    session's results are freed. Phase: "optimizer" inside an Optimizer.step range; "backward"
+    on a thread other than the one that ran the optimizer (autograd runs the backward on a
+    device thread); else "forward". Empty when the kineto results are gone or their API
+    differs (the estimate then goes without launch gaps)."""
+    inner = getattr(prof, "profiler", None) or prof
+    results = getattr(inner, "kineto_results", None)
+    try:
+        events = list(results.events()) if results is not None else []
+        ops, kernels, ranges = {}, [], []
+        for e in events:
+            name = e.name()
+            if e.device_type() == torch.autograd.DeviceType.CUDA:
+                kernels.append((e.start_ns() / 1e3, e.end_ns() / 1e3, e.linked_correlation_id()))
+            elif name.startswith(_OPTIMIZER_RANGE):
+                ranges.append((e.start_ns() / 1e3, e.end_ns() / 1e3, e.start_thread_id()))
+            elif name.startswith("aten::"):
+                ops[e.correlation_id()] = (name, e.start_ns() / 1e3, e.start_thread_id())
+    except (AttributeError, RuntimeError, TypeError):
+        return {}
+    main = {t for _, _, t in ranges}
+    out: dict[tuple[str, str], list[float]] = {}
+    cursor = None
+    for start, end, link in sorted(kernels):
+        gap = 0.0 if cursor is None else max(0.0, start - cursor)
+        cursor = end if cursor is None else max(cursor, end)
+        op = ops.get(link)
+        if op is None:
+            continue
+        name, at, thread = op
+        if any(r0 <= at <= r1 and t == thread for r0, r1, t in ranges):
+            phase = "optimizer"
+        elif main and thread not in main:
+            phase = "backward"
+        else:
+            phase = "forward"
+        out.setdefault((phase, name), []).append(gap)
+    return out
 
 
 def op_times(prof, steps: int, cuda: bool) -> dict[str, float]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from .. import fixes
 from ..capture.graph import OpGraph
 from ..report import Finding
+from . import _measured
 from .registry import analyzer
 
 
@@ -46,10 +47,13 @@ def _suspects(call: dict) -> list[tuple[str, str]]:
 
 @analyzer("attention-fallback")
 def analyze(obs, ceilings) -> list[Finding]:
-    return find_attention_fallback(obs.graph, ceilings)
+    return find_attention_fallback(obs.graph, ceilings, _measured.timing(obs))
 
 
-def find_attention_fallback(graph: OpGraph, ceil) -> list[Finding]:
+def find_attention_fallback(graph: OpGraph, ceil, timing=None) -> list[Finding]:
+    """One finding per line whose calls ran the math path. timing (_measured.timing): predict
+    the saving from the measured times of the math path's memory-bound ops (a fused kernel
+    still does the matmuls' FLOPs); without it, from bytes alone."""
     by_line: dict[str, list[dict]] = {}
     for call in graph.attention:
         if call["kernel"] is None:
@@ -64,12 +68,25 @@ def find_attention_fallback(graph: OpGraph, ceil) -> list[Finding]:
             n *= s
         minimum = 4 * n * _itemsize(calls[0]["dtype"]) * len(calls)
         avoidable = max(0.0, written - minimum)
+        saving_ms = avoidable / (ceil.bandwidth_GBps * 1e6)
+        estimate = {"estimate": "byte model: avoidable bytes at the copy ceiling (no op times)"}
+        if timing is not None:
+            removed = [op for op in ops if op.name not in _measured.MATMULS and op.bytes > 0]
+            s = _measured.saving(removed, minimum, ceil.bandwidth_GBps, timing)
+            saving_ms = s.ms
+            estimate = dict(
+                estimate=f"measured: removed ops' time + their launch gaps - fused kernel "
+                f"({timing.source}, times x{timing.scale:.2f})",
+                removed_ops_ms=round(s.removed_ms, 4),
+                launch_gaps_ms=round(s.launch_gap_ms, 4),
+                fused_kernel_ms=round(s.fused_ms, 4),
+            )
         suspects = _suspects(calls[0])
         findings.append(
             Finding(
                 kind="attention-fallback",
                 where=where,
-                est_saving_ms=avoidable / (ceil.bandwidth_GBps * 1e6),
+                est_saving_ms=saving_ms,
                 bytes_avoidable=avoidable,
                 title=f"scaled_dot_product_attention ran torch's math path ({len(calls)} "
                 f"call(s) per step): scores and probabilities written out"
@@ -84,6 +101,7 @@ def find_attention_fallback(graph: OpGraph, ceil) -> list[Finding]:
                     bytes_as_written=written,
                     fused_minimum_bytes=minimum,
                     measured_ms=sum(op.ms for op in ops),
+                    **estimate,
                 ),
             )
         )

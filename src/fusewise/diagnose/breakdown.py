@@ -9,12 +9,7 @@ from collections import defaultdict
 
 from ..capture.graph import OpGraph
 from ..report import TopOp
-
-
-def profiler_name(aten: str) -> str:
-    """'aten.mm.default' -> 'aten::mm' (how torch.profiler names it)."""
-    parts = aten.split(".")
-    return f"{parts[0]}::{parts[1]}" if len(parts) >= 2 else aten
+from ._measured import profiler_name
 
 
 def top_ops(

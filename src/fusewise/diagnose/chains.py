@@ -21,10 +21,11 @@ from collections import defaultdict
 from .. import fixes
 from ..capture.graph import OpGraph, OpRecord
 from ..report import Finding
+from . import _measured
 from . import thresholds as T
+from ._measured import MATMULS
 from .registry import analyzer
 
-MATMULS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default"}
 # bookkeeping ops that move no activation data worth fusing
 _IGNORED = (
     "aten._local_scalar_dense",
@@ -42,7 +43,7 @@ _IGNORED = (
 
 @analyzer("fusion-chains")
 def analyze(obs, ceilings) -> list[Finding]:
-    return find_chains(obs.graph, ceilings)
+    return find_chains(obs.graph, ceilings, _measured.timing(obs))
 
 
 def _kind(op: OpRecord, ridge: float) -> str:
@@ -193,10 +194,12 @@ def chain_cost(gr: _Graph, chain: set[int]) -> tuple[float, float, int | None]:
     return written, minimum, largest
 
 
-def find_chains(graph: OpGraph, ceilings) -> list[Finding]:
+def find_chains(graph: OpGraph, ceilings, timing: _measured.Timing | None = None) -> list[Finding]:
     """One finding per (pattern, source line), chains of the same line summed (an optimizer
     loop makes one chain per parameter), sorted by predicted saving. ceilings: a
-    hardware.Ceilings (bandwidth_GBps, matmul_TFLOPs, ridge)."""
+    hardware.Ceilings (bandwidth_GBps, matmul_TFLOPs, ridge). timing: how the graph's measured
+    op times map onto the plain step (_measured.timing); with it the saving is predicted from
+    the measured times of the ops a fused kernel removes, without it from bytes alone."""
     bandwidth_GBps = ceilings.bandwidth_GBps
     gr = _Graph(graph)
     kinds = {op.index: _kind(op, ceilings.ridge) for op in graph.ops}
@@ -206,10 +209,17 @@ def find_chains(graph: OpGraph, ceilings) -> list[Finding]:
         if len(chain) < 2:
             continue
         written, minimum, largest = chain_cost(gr, chain)
-        flops = sum(graph.ops[i].flops for i in chain if kinds[i] == "matmul")
-        matmul_s = flops / (ceilings.matmul_TFLOPs * 1e12)
-        saving_s = (written - minimum) / (bandwidth_GBps * 1e9)
-        if saving_s <= 0 or saving_s < T.CHAIN_MIN_SHARE_OF_MATMUL * matmul_s:
+        matmuls = [graph.ops[i] for i in chain if kinds[i] == "matmul"]
+        bytes_saving_ms = (written - minimum) / (bandwidth_GBps * 1e6)
+        if timing is not None:
+            # the fused kernel keeps the matmuls' FLOPs: only the memory-bound ops go
+            removed = [graph.ops[i] for i in chain if kinds[i] == "membound"]
+            measured = _measured.saving(removed, minimum, bandwidth_GBps, timing)
+            saving_ms, matmul_ms = measured.ms, sum(timing.op_ms(op) for op in matmuls)
+        else:
+            measured, saving_ms = None, bytes_saving_ms
+            matmul_ms = sum(op.flops for op in matmuls) / (ceilings.matmul_TFLOPs * 1e9)
+        if bytes_saving_ms <= 0 or saving_ms < T.CHAIN_MIN_SHARE_OF_MATMUL * matmul_ms:
             continue  # nothing to save, or the matmuls dominate (a feed-forward block)
         ops = [graph.ops[i] for i in sorted(chain)]
         where_op = (
@@ -219,9 +229,23 @@ def find_chains(graph: OpGraph, ceilings) -> list[Finding]:
         )
         key = (_pattern(ops), where_op.where, ops[0].phase)
         m = merged.setdefault(
-            key, dict(written=0.0, minimum=0.0, chains=0, ops=0, largest=0, names=set(), ms=0.0)
+            key,
+            dict(
+                written=0.0,
+                minimum=0.0,
+                chains=0,
+                ops=0,
+                largest=0,
+                names=set(),
+                ms=0.0,
+                saving_ms=0.0,
+                parts=[],
+            ),
         )
         m["ms"] += sum(op.ms for op in ops)
+        m["saving_ms"] += saving_ms
+        if measured is not None:
+            m["parts"].append(measured)
         m["written"] += written
         m["minimum"] += minimum
         m["chains"] += 1
@@ -249,7 +273,7 @@ def find_chains(graph: OpGraph, ceilings) -> list[Finding]:
                 title=f"{pattern} chain in the {phase}: {m['ops']} ops move "
                 f"{m['written'] / 1e6:,.1f} MB where a fused kernel needs "
                 f"{m['minimum'] / 1e6:,.1f} MB",
-                est_saving_ms=avoidable / (bandwidth_GBps * 1e9) * 1e3,
+                est_saving_ms=m["saving_ms"],
                 bytes_avoidable=avoidable,
                 fix=fixes.text("fusion-chain", pattern),
                 evidence=dict(
@@ -264,7 +288,28 @@ def find_chains(graph: OpGraph, ceilings) -> list[Finding]:
                     # step, and the fused kernel's floor at the measured bandwidth
                     measured_ms_unfused=m["ms"],
                     fused_floor_ms=m["minimum"] / (bandwidth_GBps * 1e9) * 1e3,
+                    **_estimate(m["parts"], timing, avoidable / (bandwidth_GBps * 1e6)),
                 ),
             )
         )
     return sorted(findings, key=lambda f: -f.est_saving_ms)
+
+
+def _estimate(parts: list, timing, bytes_ms: float) -> dict:
+    """How the saving was predicted, for the evidence: the sums of the measured parts, or the
+    byte model when the graph held no measured times."""
+    if timing is None:
+        return dict(estimate="byte model: avoidable bytes at the copy ceiling (no op times)")
+    total = {
+        k: sum(getattr(p, k) for p in parts)
+        for k in ("removed_ms", "launch_gap_ms", "fused_ms", "removed_ops")
+    }
+    return dict(
+        estimate=f"measured: removed ops' time + their launch gaps - fused kernel "
+        f"({timing.source}, times x{timing.scale:.2f})",
+        removed_ops=total["removed_ops"],
+        removed_ops_ms=round(total["removed_ms"], 4),
+        launch_gaps_ms=round(total["launch_gap_ms"], 4),
+        fused_kernel_ms=round(total["fused_ms"], 4),
+        byte_model_ms=round(bytes_ms, 4),
+    )

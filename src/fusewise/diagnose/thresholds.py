@@ -21,6 +21,15 @@ QUADRATIC_MIN_BYTES = 1 << 20
 # in bf16) does not.
 CHAIN_MIN_SHARE_OF_MATMUL = 0.25
 
+# Predicted savings from measured times (diagnose/_measured.py). A fused kernel that replaces
+# memory-bound ops moves its bytes at this share of the copy ceiling: on the H200 the best fused
+# norms reach 63-95% forward and 37-53% forward+backward, fused AdamW 81-93% (PERF.md).
+FUSED_KERNEL_EFFICIENCY = 0.6
+# The recorded step's op times are put on the profiled steps' clock by the ratio of their
+# device-busy times; a ratio outside this range means the two steps did different work, and
+# the recorded times are kept as measured.
+TIME_SCALE_RANGE = (0.5, 1.5)
+
 # Timeline gaps (diagnose/timeline.py). A gap between device intervals shorter than this is the
 # GPU waiting for the next launch: eager PyTorch spends some 5-30 us of host time per op, so a
 # run of small kernels leaves gaps of that order; longer gaps are host work of another kind.

@@ -1,0 +1,146 @@
+"""Predicted savings from measured times (diagnose/_measured.py): the removed ops' time, their
+launch gaps from the profiled steps, less the fused kernel; the byte model only when the graph
+holds no times. Also the kernel -> launching-op join of capture/timeline.kernel_gaps."""
+
+import dataclasses
+import types
+
+import pytest
+import torch
+
+from fusewise.capture.graph import OpGraph, OpRecord, Value
+from fusewise.capture.timeline import Timeline, kernel_gaps
+from fusewise.diagnose import _measured
+from fusewise.diagnose import thresholds as T
+from fusewise.diagnose.chains import find_chains
+from fusewise.hardware import Ceilings
+
+H200 = Ceilings("NVIDIA H200 (PERF.md)", "cuda", 4274.0, 686.0, "test")
+MB = 1 << 20
+
+
+def _chain_graph(ms: float, phase: str = "forward") -> OpGraph:
+    """x -> mul -> add -> exp -> y, each value 64 MiB: 3 ops write 6 x 64 MiB (read and write
+    each); a fused kernel reads x and writes y (2 x 64 MiB)."""
+    values = {v: Value(v, (16 * MB,), "float32", 64 * MB, device="cuda") for v in range(4)}
+    ops = [
+        OpRecord(i, name, phase, [i], [i + 1], 16 * MB, 128 * MB, "model.py:7", ms=ms)
+        for i, name in enumerate(("aten.mul.Tensor", "aten.add.Tensor", "aten.exp.default"))
+    ]
+    return OpGraph(ops, values)
+
+
+def _obs(graph, timeline=None, median_ms=10.0):
+    return types.SimpleNamespace(graph=graph, timeline=timeline, median_ms=median_ms)
+
+
+def test_without_times_the_byte_model_is_the_prediction():
+    g = _chain_graph(ms=0.0)
+    assert _measured.timing(_obs(g)) is None
+    (f,) = find_chains(g, H200, None)
+    avoidable = 6 * 64 * MB - 2 * 64 * MB
+    assert f.est_saving_ms == pytest.approx(avoidable / (H200.bandwidth_GBps * 1e6))
+    assert f.evidence["estimate"].startswith("byte model")
+
+
+def test_measured_times_predict_removed_time_less_the_fused_kernel():
+    g = _chain_graph(ms=0.5)
+    t = _measured.timing(_obs(g))  # no timeline: a CPU step, host times as measured
+    assert t.scale == 1.0 and t.gap_ms == {}
+    (f,) = find_chains(g, H200, t)
+    fused = 2 * 64 * MB / (H200.bandwidth_GBps * 1e9 * T.FUSED_KERNEL_EFFICIENCY) * 1e3
+    assert f.est_saving_ms == pytest.approx(1.5 - fused)
+    assert f.evidence["removed_ops"] == 3
+    assert f.evidence["fused_kernel_ms"] == pytest.approx(fused, abs=1e-4)
+    # far above the byte model: the ops ran well below the ceiling
+    assert f.est_saving_ms > 2 * f.evidence["byte_model_ms"]
+
+
+def _timeline(busy_us_per_kernel: float, gaps: dict, steps: int = 2) -> Timeline:
+    """Kernels back to back, each busy_us long: 3 per step."""
+    device, t = [], 0.0
+    for _ in range(3 * steps):
+        device.append((t, t + busy_us_per_kernel, "k"))
+        t += busy_us_per_kernel
+    return Timeline((0.0, t), device, steps=steps, kernel_gaps=gaps)
+
+
+def test_recorded_times_scaled_to_the_profiled_steps_and_launch_gaps_added():
+    g = _chain_graph(ms=0.5)  # 1.5 ms recorded
+    # profiled: 3 kernels of 400 us per step = 1.2 ms busy -> scale 0.8; the mul's kernel
+    # waited 30 us (and once 500 us: not a launch gap) in each of the 2 steps
+    gaps = {("forward", "aten::mul"): [30.0, 500.0, 30.0], ("forward", "aten::add"): [0.0, 0.0]}
+    t = _measured.timing(_obs(g, _timeline(400.0, gaps), median_ms=1.2))
+    assert t.scale == pytest.approx(0.8)
+    assert t.gap_ms == {("forward", "aten::mul"): pytest.approx(0.03)}
+    (f,) = find_chains(g, H200, t)
+    fused = 2 * 64 * MB / (H200.bandwidth_GBps * 1e9 * T.FUSED_KERNEL_EFFICIENCY) * 1e3
+    assert f.est_saving_ms == pytest.approx(1.2 + 0.03 - fused)
+    assert f.evidence["launch_gaps_ms"] == pytest.approx(0.03)
+
+
+def test_a_scale_out_of_range_keeps_the_recorded_times():
+    g = _chain_graph(ms=0.5)
+    t = _measured.timing(_obs(g, _timeline(100.0, {}), median_ms=0.3))  # 0.3 / 1.5 = 0.2
+    assert t.scale == 1.0
+
+
+def test_matmuls_stay_out_of_the_removed_ops():
+    g = _chain_graph(ms=0.5)
+    mm = dataclasses.replace(g.ops[0], name="aten.mm.default", flops=1e6)
+    t = _measured.Timing()
+    s = _measured.saving([mm, *g.ops[1:]], 0.0, H200.bandwidth_GBps, t)
+    assert s.removed_ms == pytest.approx(1.5)  # what the caller passed: it picks the ops
+    assert "aten.mm.default" in _measured.MATMULS
+
+
+class _Event:
+    def __init__(self, name, start, end, device="cpu", corr=0, link=0, thread=1):
+        self._v = (name, start, end, device, corr, link, thread)
+
+    def name(self):
+        return self._v[0]
+
+    def start_ns(self):
+        return self._v[1] * 1000
+
+    def end_ns(self):
+        return self._v[2] * 1000
+
+    def device_type(self):
+        cuda = torch.autograd.DeviceType.CUDA
+        return cuda if self._v[3] == "cuda" else torch.autograd.DeviceType.CPU
+
+    def correlation_id(self):
+        return self._v[4]
+
+    def linked_correlation_id(self):
+        return self._v[5]
+
+    def start_thread_id(self):
+        return self._v[6]
+
+
+def test_kernel_gaps_joins_kernels_to_their_op_and_phase():
+    events = [
+        _Event("aten::mul", 0, 5, corr=1, thread=1),
+        _Event("aten::mul", 20, 25, corr=2, thread=2),  # the backward's thread
+        _Event("Optimizer.step#AdamW.step", 40, 90, thread=1),
+        _Event("aten::add", 50, 55, corr=3, thread=1),
+        _Event("kernel_a", 10, 20, "cuda", link=1),
+        _Event("kernel_b", 30, 35, "cuda", link=2),  # 10 us after kernel_a
+        _Event("kernel_c", 60, 70, "cuda", link=3),  # 25 us after kernel_b
+        _Event("kernel_d", 70, 80, "cuda", link=99),  # no op with that id: left out
+    ]
+    results = types.SimpleNamespace(events=lambda: events)
+    prof = types.SimpleNamespace(profiler=types.SimpleNamespace(kineto_results=results))
+    assert kernel_gaps(prof) == {
+        ("forward", "aten::mul"): [0.0],
+        ("backward", "aten::mul"): [10.0],
+        ("optimizer", "aten::add"): [25.0],
+    }
+
+
+def test_kernel_gaps_without_kineto_results_is_empty():
+    prof = types.SimpleNamespace(profiler=types.SimpleNamespace(kineto_results=None))
+    assert kernel_gaps(prof) == {}
