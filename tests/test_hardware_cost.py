@@ -290,3 +290,15 @@ def test_compiled_linear_ce_on_the_cpu_says_it_runs_the_reference(monkeypatch):
     monkeypatch.setenv("FUSEWISE_STRICT", "1")
     with pytest.raises(fusewise.ops.FusewiseFallbackError):
         loss(h)
+
+
+def test_every_rate_key_builds_a_matmul_that_runs():
+    """The operands each key is measured with (fp8: e4m3 through torch._scaled_mm, which the CPU
+    build runs too), so the GPU-only measurement's call is exercised here."""
+    from fusewise.hardware.matmul import matmul_fn
+
+    for key in hardware.RATE_KEYS:
+        out = matmul_fn(64, 48, 32, key, torch.device("cpu"))()
+        assert out.shape == (64, 48), key
+    assert matmul_fn(8, 6, 4, "bf16", "cpu", batch=3)().shape == (3, 8, 6)
+    assert hardware.time_matmul_ms(32, 40, 24, "fp32", device="cpu") > 0
