@@ -276,3 +276,16 @@ def test_diagnose_on_the_cpu_invents_no_gpu_finding(tmp_path, monkeypatch):
     assert all(row["intensity"] is not None for row in d["top"])  # nothing moving no bytes
     text = str(report)
     assert "0.0 TFLOP/s" not in text and "fp32" in text
+
+
+def test_a_shape_that_cannot_be_timed_is_listed_untimed():
+    g = Builder()
+    g.mm(4096, 768, 50257, "bfloat16", ms=3.0, where="model.py:99")
+
+    def out_of_memory(*shape):
+        raise torch.cuda.OutOfMemoryError("no room beside the model")
+
+    (f,) = matmul.find_unaligned(g.graph, 2.0, False, out_of_memory)
+    assert f.est_saving_ms == 0.0 and f.evidence["shapes_not_timed"] == [
+        "[4096x768]@[768x50257] bf16"
+    ]

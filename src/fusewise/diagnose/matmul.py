@@ -202,7 +202,8 @@ def find_unaligned(graph, step_ms: float, tf32: bool, timer=None, why=None) -> l
         )
         unmeasured = sorted({s for _, s, _ in entries if s not in ratios})
         dims = sorted({(d, p) for _, s, ps in entries for d, p in zip(s[1:4], ps[1:4]) if d != p})
-        ok = _worth(saving, step_ms) if timer else _worth(ms, step_ms)
+        timed = any(shape in ratios for _, shape, _ in entries)
+        ok = _worth(saving, step_ms) if timed else _worth(ms, step_ms)
         if not ok:
             continue
         text = ", ".join(f"{d} -> {p}" for d, p in dims)
@@ -211,10 +212,10 @@ def find_unaligned(graph, step_ms: float, tf32: bool, timer=None, why=None) -> l
                 kind="matmul-shape",
                 title=(
                     f"{len(entries)} matmuls with unaligned dimensions ({text}): {ms:.2f} ms "
-                    + (f"of the step; ~{saving:.2f} ms less padded" if timer else "(not timed)")
+                    + (f"of the step; ~{saving:.2f} ms less padded" if timed else "(not timed)")
                 ),
                 where=where,
-                est_saving_ms=saving if timer else 0.0,
+                est_saving_ms=saving if timed else 0.0,
                 bytes_avoidable=0.0,
                 fix=fixes.text("matmul-shape", "align"),
                 evidence=dict(
@@ -223,8 +224,8 @@ def find_unaligned(graph, step_ms: float, tf32: bool, timer=None, why=None) -> l
                     dims_padded=[list(x) for x in dims],
                     time_ratio_padded={_label(s): r for _, s, _ in entries if (r := ratios.get(s))},
                     shapes_not_timed=[_label(s) for s in unmeasured],
-                    saving_measured=timer is not None,
-                    why_not_measured=why,
+                    saving_measured=timed,
+                    why_not_measured=None if timed else (why or _UNTIMED),
                     method=(
                         "each shape and its padded shape timed on this GPU (random data, "
                         "row-major); the recorded time scaled by padded / actual"
@@ -235,14 +236,22 @@ def find_unaligned(graph, step_ms: float, tf32: bool, timer=None, why=None) -> l
     return findings
 
 
+_UNTIMED = (
+    "its shapes were not among the MATMUL_SHAPES_MEASURED with most time, or could not be timed "
+    "(out of memory beside the model)"
+)
+
+
 def _label(shape: tuple) -> str:
     batch, m, n, k, key = shape
     lead = f"{batch}x" if batch > 1 else ""
     return f"{lead}[{m}x{k}]@[{k}x{n}] {key}"
 
 
-def _measure_ratios(by_line, timer):
-    """padded / actual time for the MATMUL_SHAPES_MEASURED shapes with most recorded time."""
+def _measure_ratios(by_line, timer) -> dict[tuple, float]:
+    """padded / actual time for the MATMUL_SHAPES_MEASURED shapes with most recorded time. A
+    shape that cannot be timed (out of memory beside the user's model) stays untimed: the
+    finding lists it under shapes_not_timed."""
     ms_of: dict[tuple, float] = defaultdict(float)
     pad_of = {}
     for entries in by_line.values():
@@ -250,9 +259,13 @@ def _measure_ratios(by_line, timer):
             ms_of[shape] += op.ms
             pad_of[shape] = pad
     ranked = sorted(ms_of, key=lambda s: (-ms_of[s], s))[: T.MATMUL_SHAPES_MEASURED]
-    if timer is None:
-        return {}
-    return {s: timer(*pad_of[s]) / timer(*s) for s in ranked}
+    ratios = {}
+    for shape in ranked if timer is not None else ():
+        try:
+            ratios[shape] = timer(*pad_of[shape]) / timer(*shape)
+        except torch.cuda.OutOfMemoryError:
+            continue
+    return ratios
 
 
 def find_tiny(graph, step_ms: float) -> list[Finding]:
