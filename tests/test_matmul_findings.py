@@ -289,3 +289,28 @@ def test_a_shape_that_cannot_be_timed_is_listed_untimed():
     assert f.est_saving_ms == 0.0 and f.evidence["shapes_not_timed"] == [
         "[4096x768]@[768x50257] bf16"
     ]
+
+
+def test_precision_prediction_uses_the_timed_ratio_of_the_heaviest_shapes(monkeypatch):
+    """Shapes timed on the GPU take their measured ratio; shapes beyond the ones timed (here one
+    is timed) keep the ceilings' ratio."""
+    monkeypatch.setattr(T, "MATMUL_PRECISION_SHAPES_TIMED", 1)
+    g = Builder()
+    g.mm(4096, 768, 2304, ms=6.0, where="model.py:1")  # the heaviest shape: timed
+    g.mm(4096, 768, 768, ms=2.0, where="model.py:2")  # not timed
+    seen = []
+
+    def timer(batch, m, n, k, key):
+        seen.append(((batch, m, n, k), key))
+        return {"fp32": 10.0, "tf32": 2.5, "bf16": 1.25}[key]  # 4x and 8x faster
+
+    (f,) = matmul.find_precision(g.graph, GPU, TF32_OFF, 20.0, timer)
+    assert {shape for shape, _ in seen} == {(1, 4096, 2304, 768)}
+    tf32 = 6.0 / 4 + 2.0 * 50 / 400
+    assert f.evidence["predicted_ms_tf32"] == pytest.approx(tf32)
+    assert f.est_saving_ms == pytest.approx(8.0 - tf32)
+    cast = f.evidence["cast_ms_bf16_autocast"]
+    assert f.evidence["predicted_ms_bf16_autocast"] == pytest.approx(
+        6.0 / 8 + 2.0 * 50 / 800 + cast
+    )
+    assert f.evidence["timed_share"] == pytest.approx(6.0 / 8.0)

@@ -29,8 +29,10 @@ from ._matmuls import input_dtype, is_matmul, mnk, operands
 from .registry import Skip, analyzer
 
 ASSUMPTION = (
-    "predicted times assume the matmuls reach the same fraction of the faster ceiling as they "
-    "reach of theirs now (ceilings measured on this device: hardware.ceilings)"
+    "each of the shapes with most time timed on this GPU in fp32, TF32 and bf16 (random data, "
+    "row-major) and the recorded time scaled by the measured ratio; the other shapes (and all "
+    "where no GPU can time them) assumed to reach the same fraction of the faster ceiling as "
+    "they reach of theirs now (ceilings measured on this device: hardware.ceilings)"
 )
 
 
@@ -73,12 +75,38 @@ def analyze_precision(obs, ceilings) -> list[Finding]:
             "the step's fp32 matmul settings were not recorded (an observation made without "
             "capture.schedule.StepSchedule): whether TF32 was on is unknown"
         )
-    return find_precision(obs.graph, ceilings, obs.matmul_settings, obs.median_ms)
+    timer = _time_on_gpu if torch.cuda.is_available() else None
+    return find_precision(obs.graph, ceilings, obs.matmul_settings, obs.median_ms, timer)
 
 
-def find_precision(graph, ceilings, settings: dict, step_ms: float) -> list[Finding]:
+def predicted_ms(ops, graph, now: str, targets, rates: dict, timer=None):
+    """({target key: the ops' predicted time}, ms of the ops whose shape was timed). The
+    MATMUL_PRECISION_SHAPES_TIMED shapes with most recorded time are timed by timer(batch, m, n,
+    k, key) -> ms at `now` and at each target, their recorded time scaled by the ratio; the
+    other shapes by the ratio of the ceilings (the same fraction of either)."""
+    by_shape: dict[tuple, list] = defaultdict(list)
+    for op in ops:
+        by_shape[mnk(op, graph)].append(op)
+    ms_of = {shape: sum(op.ms for op in group) for shape, group in by_shape.items()}
+    ranked = sorted(ms_of, key=lambda s: (-ms_of[s], s))[: T.MATMUL_PRECISION_SHAPES_TIMED]
+    out, timed_ms = dict.fromkeys(targets, 0.0), 0.0
+    for shape, ms in ms_of.items():
+        ratios = {t: rates[now] / rates[t] for t in targets}
+        if timer is not None and shape in ranked:
+            try:
+                base = timer(*shape, now)
+                ratios = {t: timer(*shape, t) / base for t in targets}
+                timed_ms += ms
+            except torch.cuda.OutOfMemoryError:
+                pass  # beside the user's model: this shape keeps the ceilings' ratio
+        for t in targets:
+            out[t] += ms * ratios[t]
+    return out, timed_ms
+
+
+def find_precision(graph, ceilings, settings: dict, step_ms: float, timer=None) -> list[Finding]:
     """One finding for the step's fp32 GPU matmuls (the setting is global): TF32 when it was
-    off, else bf16 autocast; est_saving_ms from the measured ceilings (ASSUMPTION)."""
+    off, else bf16 autocast; est_saving_ms from measured times and ceilings (ASSUMPTION)."""
     ops = gpu_matmuls(graph, "float32")
     tf32 = bool(tf32_allowed(settings))
     now_key = "tf32" if tf32 else "fp32"
@@ -102,7 +130,9 @@ def find_precision(graph, ceilings, settings: dict, step_ms: float) -> list[Find
         6 * math.prod(v.shape) for op in ops if op.phase == "forward" for v in operands(op, graph)
     )
     cast_ms = ceilings.seconds_for_bytes(cast_bytes) * 1e3
-    bf16_ms = measured_ms * rates[now_key] / rates["bf16"] + cast_ms
+    targets = ("bf16",) if tf32 else ("tf32", "bf16")
+    predicted, timed_ms = predicted_ms(ops, graph, now_key, targets, rates, timer)
+    bf16_ms = predicted["bf16"] + cast_ms
     where, per_line = _heaviest_line(ops)
     evidence = dict(
         measured_ms=measured_ms,
@@ -111,6 +141,7 @@ def find_precision(graph, ceilings, settings: dict, step_ms: float) -> list[Find
         settings=dict(settings),
         ran_as=now_key,
         fraction_of_ceiling=fraction,
+        timed_share=timed_ms / measured_ms,
         rates_TFLOPs=rates,
         predicted_ms_bf16_autocast=bf16_ms,
         cast_ms_bf16_autocast=cast_ms,
@@ -119,7 +150,7 @@ def find_precision(graph, ceilings, settings: dict, step_ms: float) -> list[Find
         assumption=ASSUMPTION + "; autocast adds the casts of the forward matmuls' operands",
     )
     if not tf32:
-        tf32_ms = measured_ms * rates["fp32"] / rates["tf32"]
+        tf32_ms = predicted["tf32"]
         evidence.update(predicted_ms_tf32=tf32_ms, saving_ms_tf32=measured_ms - tf32_ms)
         saving, option = measured_ms - tf32_ms, "tf32"
         title = (

@@ -52,6 +52,10 @@ MATMUL_BIG_MULTIPLE = 64
 # The padded shape is timed for this many unaligned shapes at most (the ones with most recorded
 # time): a few ms of measuring, not a benchmark of the whole step.
 MATMUL_SHAPES_MEASURED = 4
+# matmul-precision times this many fp32 shapes (most recorded time first) in fp32, TF32 and bf16
+# on the GPU: the fraction of the ceiling a shape reaches differs between them (a 768-wide matmul
+# reaches more of the fp32 rate than of the TF32 one), so the ratio is measured where it matters.
+MATMUL_PRECISION_SHAPES_TIMED = 8
 # Launch-bound matmuls: at least this many matmuls from one line in one step, each shorter on
 # the device than SHORT_OP_US: a loop of tiny matmuls that one batched matmul (bmm) or a CUDA
 # graph would launch once.
