@@ -302,3 +302,22 @@ def test_every_rate_key_builds_a_matmul_that_runs():
         assert out.shape == (64, 48), key
     assert matmul_fn(8, 6, 4, "bf16", "cpu", batch=3)().shape == (3, 8, 6)
     assert hardware.time_matmul_ms(32, 40, 24, "fp32", device="cpu") > 0
+
+
+@pytest.mark.gpu
+def test_gpu_rates_per_dtype_are_measured_in_a_few_seconds():
+    """On the GPU: every key measured (fp8 where the GPU has it), TF32 faster than fp32 without
+    it, the user's setting back afterwards, and all of it quick."""
+    import time
+
+    device = torch.device("cuda")
+    before = hardware.matmul_settings()
+    t = time.perf_counter()
+    rates = hardware.measure_matmuls(device)
+    assert time.perf_counter() - t < 10
+    want = {"fp32", "tf32", "bf16", "fp16"} | ({"fp8"} if hardware.fp8_supported(device) else set())
+    assert set(rates) == want
+    assert rates["tf32"] > 2 * rates["fp32"] and rates["bf16"] > rates["tf32"]
+    assert hardware.matmul_settings() == before
+    ms = hardware.time_matmul_ms(4096, 50257, 768, "bf16")
+    assert 0 < ms < 100
