@@ -164,7 +164,11 @@ def test_diagnose_end_to_end_restores_state(tmp_path):
     assert opt.state == {} or all(len(s) == 0 for s in opt.state.values())
     d = json.loads(report.to_json())
     assert set(d) == {"fusewise_version", "device", "step", "top", "findings", "skipped"}
-    assert set(d["device"]) == {"name", "type", "bandwidth_GBps", "matmul_TFLOPs", "ridge"}
+    # the fields of the first schema, then the per-dtype matmul rates added later
+    assert set(d["device"]) == {"name", "type", "bandwidth_GBps", "matmul_TFLOPs", "ridge"} | {
+        "matmul_dtype",
+        "matmul_by_dtype",
+    }
     assert d["step"]["median_ms"] > 0 and d["step"]["steps_measured"] == 2
     assert {
         "name",
@@ -175,6 +179,8 @@ def test_diagnose_end_to_end_restores_state(tmp_path):
         "intensity",
         "bound",
         "pct_of_ceiling",
+        "dtype",
+        "ceiling",
     } == set(d["top"][0])
     for f in d["findings"]:
         assert set(f) == {

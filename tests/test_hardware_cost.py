@@ -14,23 +14,41 @@ def test_cpu_ceilings_are_measured_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEWISE_CACHE_DIR", str(tmp_path))
     calls = []
     monkeypatch.setattr(hardware, "measure_bandwidth", lambda d: calls.append("bw") or 12.5)
-    monkeypatch.setattr(hardware, "measure_matmul", lambda d: calls.append("mm") or 0.5)
+    rates = {"fp32": 0.5, "bf16": 0.25}
+    monkeypatch.setattr(hardware, "measure_matmuls", lambda d: calls.append("mm") or rates)
     c = hardware.ceilings("cpu")
     assert (c.bandwidth_GBps, c.matmul_TFLOPs, c.source) == (12.5, 0.5, "measured")
+    assert c.matmul_by_dtype == rates and c.headline_key == "fp32"
     assert c.ridge == pytest.approx(0.5e12 / 12.5e9)
     again = hardware.ceilings("cpu")  # from the cache: nothing measured twice
     assert calls == ["bw", "mm"] and again.bandwidth_GBps == 12.5
+    assert again.matmul_by_dtype == rates
     cache = json.loads((tmp_path / "ceilings.json").read_text())
     assert any(torch.__version__ in key for key in cache)  # keyed by versions too
     hardware.ceilings("cpu", refresh=True)
     assert calls == ["bw", "mm", "bw", "mm"]
 
 
+def test_a_cache_entry_without_per_dtype_rates_is_measured_again(tmp_path, monkeypatch):
+    """An entry written by an older fusewise (headline only) is re-measured, not crashed on, and
+    replaced by one with the per-dtype rates."""
+    monkeypatch.setenv("FUSEWISE_CACHE_DIR", str(tmp_path))
+    key = f"{hardware.device_name(torch.device('cpu'))} | {hardware.versions()}"
+    old = {key: {"bandwidth_GBps": 3.0, "matmul_TFLOPs": 0.1, "measured_at": 0.0}}
+    (tmp_path / "ceilings.json").write_text(json.dumps(old))
+    monkeypatch.setattr(hardware, "measure_bandwidth", lambda d: 7.0)
+    monkeypatch.setattr(hardware, "measure_matmuls", lambda d: {"fp32": 0.2, "bf16": 0.4})
+    c = hardware.ceilings("cpu")
+    assert (c.bandwidth_GBps, c.matmul_TFLOPs, c.rate("bf16")) == (7.0, 0.2, 0.4)
+    entry = json.loads((tmp_path / "ceilings.json").read_text())[key]
+    assert entry["schema"] == hardware.CACHE_SCHEMA and entry["matmul_by_dtype"]["bf16"] == 0.4
+
+
 def test_corrupt_cache_is_remeasured(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEWISE_CACHE_DIR", str(tmp_path))
     (tmp_path / "ceilings.json").write_text("{not json")
     monkeypatch.setattr(hardware, "measure_bandwidth", lambda d: 3.0)
-    monkeypatch.setattr(hardware, "measure_matmul", lambda d: 0.1)
+    monkeypatch.setattr(hardware, "measure_matmuls", lambda d: {"fp32": 0.1})
     assert hardware.ceilings("cpu").bandwidth_GBps == 3.0
 
 
@@ -38,6 +56,58 @@ def test_real_cpu_measurement_is_positive():
     bw = hardware.measure_bandwidth(torch.device("cpu"))
     mm = hardware.measure_matmul(torch.device("cpu"))
     assert 0.1 < bw < 10_000 and 1e-4 < mm < 1_000
+    rates = hardware.measure_matmuls(torch.device("cpu"))
+    assert set(rates) == {"fp32", "bf16"} and all(1e-5 < r < 1_000 for r in rates.values())
+
+
+@pytest.mark.parametrize("api", ["precision", "legacy-flag"])
+def test_measuring_restores_the_users_matmul_precision(api):
+    """TF32 is switched on to measure it and the user's setting put back, whatever it was and
+    however it was set (torch raises on reading a setting after a mix of its legacy and new
+    APIs: the restore must not cause one)."""
+    saved = torch.get_float32_matmul_precision()
+    try:
+        for users in ("medium", "highest", "high"):
+            if api == "precision":
+                torch.set_float32_matmul_precision(users)
+            else:
+                torch.backends.cuda.matmul.allow_tf32 = users != "highest"
+            before = hardware.matmul_settings()
+            hardware.measure_matmuls(torch.device("cpu"))
+            with hardware.cuda_tf32(users == "highest"):
+                assert hardware.matmul_settings()["cuda.matmul.allow_tf32"] == (users == "highest")
+            assert hardware.matmul_settings() == before
+            assert before["cuda.matmul.allow_tf32"] == (users != "highest")
+            assert torch.backends.cuda.matmul.allow_tf32 == (users != "highest")  # no mix
+        with pytest.raises(ZeroDivisionError), hardware.cuda_tf32(False):
+            raise ZeroDivisionError
+        assert hardware.matmul_settings()["cuda.matmul.allow_tf32"]  # put back after an error
+    finally:
+        torch.set_float32_matmul_precision(saved)
+
+
+def test_matmul_for_picks_the_rate_of_the_dtype():
+    rates = {"fp32": 60.0, "tf32": 400.0, "bf16": 800.0, "fp16": 810.0, "fp8": 1500.0}
+    c = hardware.Ceilings("gpu", "cuda", 4000.0, 800.0, "test", matmul_by_dtype=rates)
+    assert c.matmul_for(torch.float32) == 60.0
+    assert c.matmul_for("float32", tf32=True) == 400.0
+    assert c.matmul_for("torch.bfloat16") == 800.0 and c.matmul_for(torch.float16) == 810.0
+    assert c.matmul_for(torch.float8_e4m3fn) == 1500.0
+    assert c.matmul_for(torch.float64) is None and c.matmul_for("int8") is None
+    assert c.ridge_for(60.0) == pytest.approx(60e12 / 4000e9)
+    # ceilings that know their headline only: that rate for its dtype, nothing for the others
+    bare = hardware.Ceilings("gpu", "cuda", 4000.0, 700.0, "test")
+    assert bare.matmul_for(torch.bfloat16) == 700.0 and bare.matmul_for(torch.float32) is None
+    cpu = hardware.Ceilings("cpu", "cpu", 20.0, 0.1, "test")
+    assert cpu.matmul_for(torch.float32) == 0.1 and cpu.matmul_for(torch.bfloat16) is None
+
+
+def test_datasheet_fallback_has_a_rate_per_dtype():
+    sheet = hardware.datasheet_matmul("NVIDIA H200")
+    assert sheet["fp32"] < sheet["tf32"] < sheet["bf16"] < sheet["fp8"]
+    assert "fp8" not in hardware.datasheet_matmul("NVIDIA A100-SXM4-80GB")
+    assert hardware.datasheet_matmul("NVIDIA H100 PCIe")["bf16"] == 756.0
+    assert hardware.datasheet_matmul("Some CPU") is None
 
 
 def test_datasheet_lookup_prefers_specific_names():
@@ -220,3 +290,34 @@ def test_compiled_linear_ce_on_the_cpu_says_it_runs_the_reference(monkeypatch):
     monkeypatch.setenv("FUSEWISE_STRICT", "1")
     with pytest.raises(fusewise.ops.FusewiseFallbackError):
         loss(h)
+
+
+def test_every_rate_key_builds_a_matmul_that_runs():
+    """The operands each key is measured with (fp8: e4m3 through torch._scaled_mm, which the CPU
+    build runs too), so the GPU-only measurement's call is exercised here."""
+    from fusewise.hardware.matmul import matmul_fn
+
+    for key in hardware.RATE_KEYS:
+        out = matmul_fn(64, 48, 32, key, torch.device("cpu"))()
+        assert out.shape == (64, 48), key
+    assert matmul_fn(8, 6, 4, "bf16", "cpu", batch=3)().shape == (3, 8, 6)
+    assert hardware.time_matmul_ms(32, 40, 24, "fp32", device="cpu") > 0
+
+
+@pytest.mark.gpu
+def test_gpu_rates_per_dtype_are_measured_in_a_few_seconds():
+    """On the GPU: every key measured (fp8 where the GPU has it), TF32 faster than fp32 without
+    it, the user's setting back afterwards, and all of it quick."""
+    import time
+
+    device = torch.device("cuda")
+    before = hardware.matmul_settings()
+    t = time.perf_counter()
+    rates = hardware.measure_matmuls(device)
+    assert time.perf_counter() - t < 10
+    want = {"fp32", "tf32", "bf16", "fp16"} | ({"fp8"} if hardware.fp8_supported(device) else set())
+    assert set(rates) == want
+    assert rates["tf32"] > 2 * rates["fp32"] and rates["bf16"] > rates["tf32"]
+    assert hardware.matmul_settings() == before
+    ms = hardware.time_matmul_ms(4096, 50257, 768, "bf16")
+    assert 0 < ms < 100

@@ -136,7 +136,10 @@ def _env(console: Console, device: str | None, refresh: bool) -> int:
     t.add_row("python", platform.python_version())
     t.add_row("versions", hardware.versions())
     t.add_row("memory bandwidth", f"{c.bandwidth_GBps:,.0f} GB/s (copy, read + write; {c.source})")
-    t.add_row("matmul rate", f"{c.matmul_TFLOPs:,.1f} TFLOP/s ({c.source})")
+    t.add_row("matmul rate", f"{c.matmul_TFLOPs:,.1f} TFLOP/s ({c.headline_key}, {c.source})")
+    if c.matmul_by_dtype:  # fp32 = TF32 off
+        rates = ", ".join(f"{k} {v:,.1f}" for k, v in c.matmul_by_dtype.items())
+        t.add_row("matmul per dtype", f"{rates} TFLOP/s (fp32: TF32 off)")
     t.add_row("ridge point", f"{c.ridge:,.0f} FLOP/byte")
     if c.datasheet_bandwidth_GBps:
         t.add_row(

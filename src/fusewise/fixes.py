@@ -56,6 +56,23 @@ _GENERIC: dict[tuple[str, str | None], str] = {
         "move host work off the step's critical path (another thread, fewer Python loops per "
         "step) or overlap it with GPU work"
     ),
+    ("matmul-precision", "tf32"): (
+        'torch.set_float32_matmul_precision("high") once, before the model runs (fp32 matmuls '
+        'run as TF32); or, the bigger saving, run forward and loss under torch.autocast("cuda", '
+        "dtype=torch.bfloat16)"
+    ),
+    ("matmul-precision", "autocast"): (
+        'run forward and loss under torch.autocast("cuda", dtype=torch.bfloat16) (fp32 master '
+        "weights and optimizer stay as they are)"
+    ),
+    ("matmul-shape", "align"): (
+        "pad the dimension to the multiple shown (e.g. the vocabulary 50257 -> 50304, the extra "
+        "rows never targeted), or choose hidden / head sizes that are multiples of 64"
+    ),
+    ("matmul-shape", "tiny"): (
+        "batch the small matmuls into one (torch.bmm / a stacked weight), or capture the loop in "
+        "a CUDA graph (torch.cuda.graphs, torch.compile(mode='reduce-overhead'))"
+    ),
     ("host-sync", "explicit-sync"): (
         "remove explicit synchronisation from the step (torch.cuda.synchronize, blocking "
         "copies); keep values on the GPU"

@@ -25,6 +25,9 @@ class Observation:
     loader_lines: collections.Counter = field(default_factory=collections.Counter)
     size: tuple[str, float] | None = None  # (name, value) when run at a size (--sizes)
     other: Observation | None = None  # the same step at another size (memory scaling)
+    # torch's fp32 matmul settings as the recorded step ended (hardware.matmul_settings: whether
+    # its fp32 matmuls ran as TF32); None from an observation made without them
+    matmul_settings: dict | None = None
 
     @property
     def median_ms(self) -> float:

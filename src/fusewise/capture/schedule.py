@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from ..hardware import matmul_settings
 from . import profiler
 from .loader import loader_lines
 from .observation import Observation
@@ -36,7 +37,7 @@ class StepSchedule:
         self.times_ms: list[float] = []
         self.peak = None
         self.op_ms, self.timeline, self.loader_lines = None, None, None
-        self.graph, self.captured_ms = None, None
+        self.graph, self.captured_ms, self.matmul_settings = None, None, None
         self._prof = self._loader_cm = self._recorder = None
         self._t = None
 
@@ -93,6 +94,7 @@ class StepSchedule:
             self._recorder.__exit__(None, None, None)
             self.graph, self._recorder = self._recorder.graph, None
             self.captured_ms = (now - self._t) * 1e3  # the recorded step alone
+            self.matmul_settings = matmul_settings()  # as the step ran (TF32 or not)
             return True
         if k == w:
             self._begin_timing()
@@ -112,6 +114,7 @@ class StepSchedule:
             timeline=self.timeline,
             loader_lines=self.loader_lines,
             size=size,
+            matmul_settings=self.matmul_settings,
         )
 
     def close(self) -> None:

@@ -50,6 +50,8 @@ def analyze(obs: Observation, ceil, *, top: int = 10) -> Report:
             bandwidth_GBps=ceil.bandwidth_GBps,
             matmul_TFLOPs=ceil.matmul_TFLOPs,
             ridge=ceil.ridge,
+            matmul_dtype=ceil.headline_key,
+            matmul_by_dtype=dict(ceil.matmul_by_dtype),
         ),
         step=StepSummary(
             median_ms=median_ms,
@@ -59,7 +61,9 @@ def analyze(obs: Observation, ceil, *, top: int = 10) -> Report:
             ops_recorded=len(obs.graph.ops),
             memory_scaling=_memory_scaling(obs),
         ),
-        top=top_ops(obs.op_ms, obs.graph, ceil, median_ms, n=top),
+        top=top_ops(
+            obs.op_ms, obs.graph, ceil, median_ms, n=top, matmul_settings=obs.matmul_settings
+        ),
         findings=findings,
         skipped=skipped,
     )

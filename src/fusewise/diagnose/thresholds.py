@@ -44,3 +44,28 @@ GAP_MIN_SHARE = 0.02
 # An op shorter than this on the device is launch-bound on any current GPU (a launch costs
 # several us of host time); the launch-overhead finding names the lines with most of them.
 SHORT_OP_US = 10.0
+
+# matmul-precision / matmul-shape (diagnose/matmul.py). Report a matmul finding only if its
+# predicted saving is at least this much per step and this share of the step: the same floor
+# as the timeline's gaps (below it the gain is lost in run-to-run noise).
+MATMUL_MIN_SAVING_MS = 0.05
+MATMUL_MIN_SHARE = 0.02
+# Tensor cores read operands in 16-byte pieces: a dimension that is a multiple of 8 elements in
+# 16-bit (4 in fp32) keeps every row aligned; cuBLAS documents these multiples for its tensor-core
+# paths. A large dimension also fills whole tiles when it is a multiple of 64 (nanoGPT pads its
+# 50257-token vocabulary to 50304 = 786·64 for this reason), so a dimension of at least
+# MATMUL_BIG_DIM is asked to be a multiple of MATMUL_BIG_MULTIPLE.
+MATMUL_ALIGN_ELEMENTS = {"bfloat16": 8, "float16": 8, "float32": 4}
+MATMUL_BIG_DIM = 1024
+MATMUL_BIG_MULTIPLE = 64
+# The padded shape is timed for this many unaligned shapes at most (the ones with most recorded
+# time): a few ms of measuring, not a benchmark of the whole step.
+MATMUL_SHAPES_MEASURED = 4
+# matmul-precision times this many fp32 shapes (most recorded time first) in fp32, TF32 and bf16
+# on the GPU: the fraction of the ceiling a shape reaches differs between them (a 768-wide matmul
+# reaches more of the fp32 rate than of the TF32 one), so the ratio is measured where it matters.
+MATMUL_PRECISION_SHAPES_TIMED = 8
+# Launch-bound matmuls: at least this many matmuls from one line in one step, each shorter on
+# the device than SHORT_OP_US: a loop of tiny matmuls that one batched matmul (bmm) or a CUDA
+# graph would launch once.
+MATMUL_TINY_MIN_COUNT = 16

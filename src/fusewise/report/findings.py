@@ -13,6 +13,8 @@ KINDS = (
     "launch-overhead",
     "data-loading",
     "idle-gap",
+    "matmul-precision",
+    "matmul-shape",
 )
 PATTERNS = ("norm", "optimizer", "cross-entropy", "attention", "elementwise", "other")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import html
 import math
 
+from ._units import matmul_rates
+
 
 def _roofline_svg(r: dict, w: int = 560, h: int = 320) -> str:
     d = r["device"]
@@ -31,11 +33,21 @@ def _roofline_svg(r: dict, w: int = 560, h: int = 320) -> str:
         f"{sx(10**x_lo):.1f},{sy(bw_tb * 10**x_lo):.1f} {sx(ridge):.1f},{sy(peak):.1f} "
         f'{sx(10**x_hi):.1f},{sy(peak):.1f}"/>'
     )
+    headline = d.get("matmul_dtype") or "matmul"
     labels = (
         f'<text x="{sx(ridge) + 4:.1f}" y="{sy(peak) - 6:.1f}" font-size="10">'
-        f"ridge {ridge:,.0f} FLOP/B, peak {peak:,.0f} TFLOP/s, "
+        f"ridge {ridge:,.0f} FLOP/B, peak {peak:,.3g} TFLOP/s ({headline}), "
         f"{d['bandwidth_GBps']:,.0f} GB/s</text>"
     )
+    # one roof per measured matmul dtype (fp32 without TF32 sits far below bf16 on a GPU)
+    for key, tflops in sorted((d.get("matmul_by_dtype") or {}).items(), key=lambda kv: kv[1]):
+        x0 = sx(max(tflops * 1e3 / d["bandwidth_GBps"], 10**x_lo))
+        roof += (
+            f'<line x1="{x0:.1f}" y1="{sy(tflops):.1f}" x2="{sx(10**x_hi):.1f}" '
+            f'y2="{sy(tflops):.1f}" stroke="#888" stroke-dasharray="4 3"/>'
+            f'<text x="{sx(10**x_hi) - 30:.1f}" y="{sy(tflops) - 3:.1f}" font-size="9">'
+            f"{html.escape(key)}</text>"
+        )
     # points below the plotted range sit on its floor rather than off the picture
     pts = [(i, max(t, 10 ** (y_lo + 0.05)), n) for i, t, n in pts]
     dots = "".join(
@@ -79,6 +91,7 @@ _TOP_COLUMNS = [
     "bytes",
     "intensity",
     "bound",
+    "ceiling",
     "pct_of_ceiling",
 ]
 
@@ -90,8 +103,8 @@ def render_html(r: dict) -> str:
 <style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse;
 margin:1em 0}}td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px}}th{{background:#eee}}
 </style></head><body><h1>fusewise diagnosis</h1>
-<p>{html.escape(d["name"])}: {d["bandwidth_GBps"]:,.0f} GB/s, {d["matmul_TFLOPs"]:,.1f} TFLOP/s,
-ridge {d["ridge"]:,.0f} FLOP/byte.
+<p>{html.escape(d["name"])}: {d["bandwidth_GBps"]:,.0f} GB/s, {html.escape(matmul_rates(d))},
+ridge {d["ridge"]:,.1f} FLOP/byte.
 Step {s["median_ms"]:.2f} ms (median of {s["steps_measured"]}).</p>
 <h2>Findings</h2>{_table(findings, _FINDING_COLUMNS)}
 <h2>Roofline of the top ops</h2>{_roofline_svg(r)}

@@ -18,8 +18,11 @@ class Device:
     name: str
     type: str  # "cuda" | "cpu"
     bandwidth_GBps: float  # measured copy bandwidth (read + write)
-    matmul_TFLOPs: float  # measured matmul rate
-    ridge: float  # FLOP per byte where the two ceilings meet
+    matmul_TFLOPs: float  # measured matmul rate of the headline dtype (matmul_dtype)
+    ridge: float  # FLOP per byte where the two ceilings meet (at the headline rate)
+    matmul_dtype: str = ""  # "bf16" on a GPU, "fp32" on the CPU
+    # TFLOP/s per rate key (fp32 = TF32 off, tf32, bf16, fp16, fp8), as measured
+    matmul_by_dtype: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -45,6 +48,10 @@ class TopOp:
     intensity: float  # FLOP per byte (inf for an op that moves nothing)
     bound: str  # "memory" | "compute": intensity against the ridge point
     pct_of_ceiling: float  # of the bound's ceiling
+    dtype: str | None = None  # a tensor-core op's operand dtype ("float32", ...); else None
+    # the ceiling judged against: "bandwidth", or the matmul rate key ("fp32" = TF32 off, "tf32",
+    # "bf16", "fp16", "fp8"; "matmul" = the headline rate, the device has none for this dtype)
+    ceiling: str = "bandwidth"
 
 
 @dataclass

@@ -8,14 +8,17 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from ._units import matmul_rates
+
 
 def render_text(r: dict, console) -> None:
     d, s = r["device"], r["step"]
     peak = s.get("peak_memory_bytes")
     console.print(
         f"[bold]fusewise {r['fusewise_version']}[/] on {escape(d['name'])}: bandwidth "
-        f"{d['bandwidth_GBps']:,.0f} GB/s, matmul {d['matmul_TFLOPs']:,.1f} TFLOP/s, "
-        f"ridge {d['ridge']:,.0f} FLOP/byte"
+        f"{d['bandwidth_GBps']:,.0f} GB/s, {escape(matmul_rates(d))}, "
+        f"ridge {d['ridge']:,.1f} FLOP/byte"
+        + (f" (at {d['matmul_dtype']})" if d.get("matmul_dtype") else "")
     )
     console.print(
         f"step: {s['median_ms']:.2f} ms (median of {s['steps_measured']})"
@@ -33,7 +36,8 @@ def render_text(r: dict, console) -> None:
             )
         )
     t = Table(title="top ops (roofline)")
-    for col in ("op", "ms/step", "share", "GFLOP", "MB", "FLOP/B", "bound", "% of ceiling"):
+    cols = ("op", "ms/step", "share", "GFLOP", "MB", "FLOP/B", "bound", "ceiling", "% of ceiling")
+    for col in cols:
         t.add_column(col, justify="left" if col == "op" else "right")
     for row in r["top"]:
         t.add_row(
@@ -42,8 +46,9 @@ def render_text(r: dict, console) -> None:
             f"{100 * row['share']:.0f}%",
             f"{row['flops'] / 1e9:,.2f}",
             f"{row['bytes'] / 1e6:,.1f}",
-            f"{row['intensity']:,.1f}",
+            "-" if row["intensity"] is None else f"{row['intensity']:,.1f}",
             row["bound"],
+            row.get("ceiling", ""),
             f"{row['pct_of_ceiling']:.0f}%",
         )
     console.print(t)
@@ -56,7 +61,8 @@ def render_text(r: dict, console) -> None:
     f.add_column("fix", overflow="fold")
     for x in r["findings"]:
         name = x["kind"] + (f" ({x['pattern']})" if x["pattern"] else "")
-        now = x["evidence"].get("measured_ms_unfused")
+        ev = x["evidence"]
+        now = ev.get("measured_ms_unfused", ev.get("measured_ms"))
         f.add_row(
             Text(name),
             Text(x["where"]),
