@@ -8,7 +8,9 @@ GPU (marked gpu): replay equals eager, new inputs are copied, a step that syncs 
 is refused with its line, eager and graph decoding give the same tokens.
 """
 
+import contextlib
 import inspect
+import os
 
 import pytest
 import torch
@@ -25,6 +27,8 @@ from fusewise.examples.decode import (
     looping,
     make_decoder,
 )
+
+TORCH_DIR = os.path.dirname(torch.__file__)
 
 # ---------------------------------------------------------------------------------------------
 # capture(): checks that run before any CUDA work
@@ -150,6 +154,132 @@ def test_the_fix_registry_names_capture():
     assert fix.api == "fusewise.graphs.capture"
     assert fixes.text("launch-overhead").startswith("fusewise.graphs.capture(step, *inputs)")
     assert fusewise.graphs is graphs
+
+
+class FakeCuda:
+    """torch.cuda's graph API played on the CPU, to run capture()'s control flow: which calls
+    run during warm-up and capture, what a failed capture leaves to clean up. A step calls
+    `fake.sync()` where a real one would wait for the GPU: it raises as CUDA does, but only
+    while capturing; the graph's exit then raises as capture_end does."""
+
+    def __init__(self, monkeypatch):
+        self.capturing, self.log = False, []
+        fake = self
+
+        class Graph:
+            def replay(self):
+                fake.log.append("replay")
+
+        class GraphContext:
+            def __init__(self, graph, pool=None, stream=None):
+                fake.log.append(("capture", tuple(pool), stream))
+
+            def __enter__(self):
+                fake.capturing = True
+
+            def __exit__(self, kind, *_):
+                fake.capturing = False
+                if kind is not None:  # torch: capture_end raises, the stream stays current
+                    raise RuntimeError(
+                        "CUDA error: operation failed due to a previous error during capture"
+                    )
+
+        class Stream:
+            def __init__(self, name="side stream"):
+                self.name = name
+
+            def wait_stream(self, other):
+                pass
+
+            def __repr__(self):
+                return self.name
+
+        caller = Stream("caller's stream")
+
+        for name, value in dict(
+            device=lambda d: contextlib.nullcontext(),
+            stream=lambda s: contextlib.nullcontext(),
+            Stream=Stream,
+            synchronize=lambda *a: None,
+            current_stream=lambda *a: caller,
+            set_stream=lambda s: self.log.append(("set_stream", s)),
+            graph_pool_handle=lambda: (0, 7),
+            CUDAGraph=Graph,
+            graph=GraphContext,
+        ).items():
+            monkeypatch.setattr(torch.cuda, name, value)
+        for name in ("_cuda_endAllocateToPool", "_cuda_releasePool"):
+            monkeypatch.setattr(
+                torch._C, name, lambda i, p, name=name: self.log.append((name, i, p)), raising=False
+            )
+        monkeypatch.setattr(graphs, "check_inputs", lambda inputs: torch.device("cuda", 0))
+
+    # sync(): where a real step would wait for the GPU; defined below in a frame of torch's
+
+
+# CUDA's error reaches the step from inside torch (C++ or torch's Python): the fake's sync() is
+# compiled as a file under torch's directory, which capture() skips when it names the step's line
+_SYNC = """
+def sync(fake):
+    if fake.capturing:
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+"""
+_ns: dict = {}
+exec(compile(_SYNC, os.path.join(TORCH_DIR, "_fusewise_fake_sync.py"), "exec"), _ns)
+FakeCuda.sync = _ns["sync"]
+
+
+def test_capture_flow_warm_up_then_one_capture(monkeypatch):
+    fake, calls = FakeCuda(monkeypatch), []
+
+    def step(x):
+        calls.append(fake.capturing)
+        return {"y": x * 2}
+
+    x = torch.ones(3)
+    captured = graphs.capture(step, x, warmup=2)
+    assert calls == [False, False, True]  # warm-up twice, then one call under capture
+    assert fake.log[0][:2] == ("capture", (0, 7))  # a pool of its own
+    assert repr(fake.log[0][2]) == "side stream"  # the warm-up's, not the caller's
+    out = captured(torch.full((3,), 4.0))
+    assert set(out) == {"y"} and out["y"] is captured.static_outputs[0]
+    assert (
+        torch.equal(captured.static_inputs[0], torch.full((3,), 4.0)) and fake.log[-1] == "replay"
+    )
+
+
+def test_capture_flow_a_syncing_step_is_refused_and_cleaned_up(monkeypatch):
+    fake = FakeCuda(monkeypatch)
+
+    def step(x):
+        y = x + 1
+        fake.sync()  # the step's sync
+        return y
+
+    line = inspect.getsourcelines(step)[1] + 2
+    with pytest.raises(graphs.CaptureError, match="synchronises with the host") as e:
+        graphs.capture(step, torch.ones(2))
+    assert f"test_graphs.py:{line}: fake.sync()" in str(e.value)
+    assert "operation not permitted" in str(e.value)  # what CUDA said
+    assert fake.log[1:] == [
+        ("set_stream", torch.cuda.current_stream()),  # the caller's stream is current again
+        ("_cuda_endAllocateToPool", 0, (0, 7)),  # the allocator no longer counts the capture
+        ("_cuda_releasePool", 0, (0, 7)),
+    ]
+
+
+def test_capture_flow_shape_change_and_non_tensor_output(monkeypatch):
+    FakeCuda(monkeypatch)
+    grows = [torch.zeros(0)]
+
+    def step(x):
+        grows[0] = torch.cat([grows[0], x])
+        return grows[0]
+
+    with pytest.raises(graphs.CaptureError, match=r"output 0 was \[3\].* during warm-up and \[4\]"):
+        graphs.capture(step, torch.ones(1), warmup=3)
+    with pytest.raises(graphs.CaptureError, match="returned a int .*during warm-up"):
+        graphs.capture(lambda x: (x, 3), torch.ones(1))
 
 
 # ---------------------------------------------------------------------------------------------

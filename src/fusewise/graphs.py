@@ -163,7 +163,7 @@ def is_capture_error(error: BaseException) -> bool:
     return False
 
 
-def sync_error(error: BaseException) -> CaptureError:
+def sync_error(error: BaseException, cleanup: str = "") -> CaptureError:
     """The error to raise when capture failed because the step talks to the host."""
     line = user_line(error)
     where = f" at {line}" if line else ""
@@ -171,8 +171,41 @@ def sync_error(error: BaseException) -> CaptureError:
         f"the step synchronises with the host during CUDA graph capture{where}: .item(), "
         ".cpu(), .tolist(), print(tensor), `if tensor:` and torch.cuda.synchronize() wait for the "
         "GPU, which a graph cannot do; keep the value on the device (torch.where instead of "
-        f"`if`) or move it outside the step. CUDA said: {_first_line(error)}"
+        f"`if`) or move it outside the step. CUDA said: {_first_line(_root(error))}{cleanup}"
     )
+
+
+def release_failed_capture(device: torch.device, pool) -> str:
+    """Hand a failed capture's memory pool back to the caching allocator; "" when done, else
+    words to add to the error.
+
+    CUDAGraph.capture_end() tells the allocator the capture is over only after CUDA ended it
+    successfully, and the graph's destructor releases the pool only after a successful capture.
+    After a failed one the allocator would still route the capture stream's allocations to the
+    pool and count the capture as underway, and the next torch.cuda.empty_cache() (the next
+    capture calls it) would stop on an internal assert: the process could not capture again."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        torch._C._cuda_endAllocateToPool(index, tuple(pool))
+    except Exception:  # not underway: capture_end got as far as telling the allocator
+        return ""
+    try:
+        torch._C._cuda_releasePool(index, tuple(pool))
+    except Exception as e:
+        return (
+            f" (and its memory pool could not be released: {_first_line(e)}; a further "
+            "capture in this process may fail)"
+        )
+    return ""
+
+
+def _root(error: BaseException) -> BaseException:
+    """The first error of a chain (what the step ran into, under capture_end's error)."""
+    seen = set()
+    while id(error) not in seen and (error.__cause__ or error.__context__) is not None:
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return error
 
 
 def _first_line(error: BaseException) -> str:
@@ -252,17 +285,25 @@ def capture(step, *static_inputs, warmup: int = 3, pool=None) -> CapturedStep:
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         warm = (None, warm[1], warm[2])  # keep the specs, not the warm-up's tensors
+        # our own handle when none is given (a fresh id: still a private pool), so a failed
+        # capture's pool can be handed back (release_failed_capture)
+        pool = torch.cuda.graph_pool_handle() if pool is None else pool
         graph = torch.cuda.CUDAGraph()
+        previous = torch.cuda.current_stream()
         try:
             with torch.cuda.graph(graph, pool=pool, stream=stream):
                 outputs = step(*static_inputs)
-        except CaptureError:
-            raise
         except Exception as e:
+            # torch.cuda.graph's __exit__ restores the caller's stream only after capture_end
+            # returns; when that raises, the capture stream would stay current
+            torch.cuda.set_stream(previous)
+            cleanup = release_failed_capture(device, pool)
+            if isinstance(e, CaptureError):
+                raise
             if is_capture_error(e):
-                raise sync_error(e) from e
+                raise sync_error(e, cleanup) from e
             raise CaptureError(
-                f"capturing the step failed: {type(e).__name__}: {_first_line(e)}"
+                f"capturing the step failed: {type(e).__name__}: {_first_line(e)}{cleanup}"
             ) from e
         captured = output_specs(outputs, "during capture")
         check_same_outputs(warm, captured)
