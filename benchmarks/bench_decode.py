@@ -30,6 +30,8 @@ from fusewise.examples.decode import (
 )
 from fusewise.verify import compare, interleave_steps
 
+DEVICE = "cuda"
+
 
 def predicted_gain(model, cache, batch, device) -> dict:
     """The launch-overhead finding of the eager decode step, its evidence, and the plain step."""
@@ -72,7 +74,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("bench_decode: needs a CUDA GPU (CUDA graphs); nothing measured")
         return 2
-    device, dtype = "cuda", getattr(torch, a.dtype)
+    device, dtype = DEVICE, getattr(torch, a.dtype)
     c = DecodeConfig(layers=a.layers, d_model=a.d_model, max_len=256)
     shape = f"L{c.layers}-d{c.d_model}-H{c.heads}-V{c.vocab}-cache{c.max_len}"
     lines, rows = [], []

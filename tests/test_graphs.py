@@ -488,3 +488,17 @@ def test_the_example_script_decodes_on_the_cpu_and_refuses_a_graph_there():
     if not torch.cuda.is_available():
         with pytest.raises(graphs.CaptureError, match="CUDA graphs need a CUDA device"):
             main(args + ["--mode", "graph"])
+
+
+@pytest.mark.gpu
+def test_a_gpu_decode_loop_gets_the_graph_prediction():
+    c = DecodeConfig(vocab=512, d_model=64, heads=4, layers=2, max_len=64)
+    _, cache, step = make_decoder(c, batch=2, device="cuda")
+    one_step = looping(step, cache, torch.zeros(2, dtype=torch.long, device="cuda"))
+    report = fusewise.diagnose(one_step, steps=5, warmup=3, tokens_per_step=2)
+    (f,) = [f for f in report.findings if f.kind == "launch-overhead"]
+    e = f.evidence
+    assert e["launches_per_token"] == e["launches_per_step"] / 2 and e["launches_per_step"] > 20
+    assert 0 < e["gpu_busy_share"] < 1 and 0 < e["graph_gain_ms"] < report.step.median_ms
+    assert e["tokens_per_s_graph"] > e["tokens_per_s_eager"]
+    assert "fusewise.graphs.capture" in f.fix and "decode.py" in f.where
