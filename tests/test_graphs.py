@@ -212,7 +212,9 @@ class FakeCuda:
             monkeypatch.setattr(
                 torch._C, name, lambda i, p, name=name: self.log.append((name, i, p)), raising=False
             )
-        monkeypatch.setattr(graphs, "check_inputs", lambda inputs: torch.device("cuda", 0))
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        # the CPU plays the device: the checks compare the outputs' device with it
+        monkeypatch.setattr(graphs, "check_inputs", lambda inputs: torch.device("cpu"))
 
     # sync(): where a real step would wait for the GPU; defined below in a frame of torch's
 
@@ -280,6 +282,8 @@ def test_capture_flow_shape_change_and_non_tensor_output(monkeypatch):
         graphs.capture(step, torch.ones(1), warmup=3)
     with pytest.raises(graphs.CaptureError, match="returned a int .*during warm-up"):
         graphs.capture(lambda x: (x, 3), torch.ones(1))
+    with pytest.raises(graphs.CaptureError, match="output 1 is on meta.*value it had at capture"):
+        graphs.capture(lambda x: (x, torch.empty(1, device="meta")), torch.ones(1))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,8 +16,9 @@ torch.cuda.make_graphed_callables), and what capture() does or checks:
 - fixed shapes and addresses: inputs are copied into the static tensors captured with the graph,
   the outputs are the static tensors the graph writes (overwritten by the next replay), and a
   step that returns other shapes or structure during capture than during warm-up is an error;
-- tensors only, all on one CUDA device. Never a silent eager fallback: anything that cannot be
-  captured is an error saying why.
+- tensors only, all on one CUDA device, in and out. A Python value the step reads (an int
+  position, a flag) is baked into the graph at capture: hold it in a device tensor updated in
+  place. Never a silent eager fallback: anything that cannot be captured is an error saying why.
 """
 
 from __future__ import annotations
@@ -132,6 +133,17 @@ def check_same_outputs(warm, captured) -> None:
                 f"output {i} was {w} during warm-up and {c} during capture: the step allocates "
                 "differently from call to call (a shape that grows, e.g. a KV cache built with "
                 "torch.cat); preallocate fixed-size buffers and write into them in place"
+            )
+
+
+def check_on_device(specs: list[TensorSpec], device: torch.device) -> None:
+    """Every output on the graph's device: a tensor elsewhere (a CPU result) was computed once,
+    at capture, and a replay would return that stale value."""
+    for i, spec in enumerate(specs):
+        if spec.device.type != device.type:
+            raise CaptureError(
+                f"output {i} is on {spec.device}: a graph replays only the work on {device}, so "
+                "this output would keep the value it had at capture; return device tensors"
             )
 
 
@@ -307,4 +319,5 @@ def capture(step, *static_inputs, warmup: int = 3, pool=None) -> CapturedStep:
             ) from e
         captured = output_specs(outputs, "during capture")
         check_same_outputs(warm, captured)
+        check_on_device(captured[2], device)
     return CapturedStep(graph, static_inputs, captured[0], captured[1], device)
