@@ -99,7 +99,11 @@ def _capture_failure():
 
 def test_a_step_that_syncs_is_named_at_its_line():
     err = _capture_failure()
-    assert graphs.is_capture_error(err)
+    assert graphs.is_sync_error(err) and graphs.is_capture_error(err)
+    assert not graphs.is_sync_error(
+        RuntimeError("operation failed due to a previous error during capture")
+    )
+    assert graphs.is_capture_error(RuntimeError("a stale reference ... invalidate the capture"))
     msg = str(graphs.sync_error(err))
     assert f"test_graphs.py:{SYNC_LINE}: raise RuntimeError" in msg
     assert "synchronises with the host" in msg and ".item()" in msg
@@ -160,10 +164,11 @@ class FakeCuda:
     """torch.cuda's graph API played on the CPU, to run capture()'s control flow: which calls
     run during warm-up and capture, what a failed capture leaves to clean up. A step calls
     `fake.sync()` where a real one would wait for the GPU: it raises as CUDA does, but only
-    while capturing; the graph's exit then raises as capture_end does."""
+    while capturing, and invalidates the capture; the graph's exit then raises as capture_end
+    does (an error of the step's own leaves the capture valid)."""
 
     def __init__(self, monkeypatch):
-        self.capturing, self.log = False, []
+        self.capturing, self.invalidated, self.log = False, False, []
         fake = self
 
         class Graph:
@@ -175,11 +180,11 @@ class FakeCuda:
                 fake.log.append(("capture", tuple(pool), stream))
 
             def __enter__(self):
-                fake.capturing = True
+                fake.capturing, fake.invalidated = True, False
 
             def __exit__(self, kind, *_):
                 fake.capturing = False
-                if kind is not None:  # torch: capture_end raises, the stream stays current
+                if fake.invalidated:  # torch: capture_end raises, the stream stays current
                     raise RuntimeError(
                         "CUDA error: operation failed due to a previous error during capture"
                     )
@@ -224,11 +229,17 @@ class FakeCuda:
 _SYNC = """
 def sync(fake):
     if fake.capturing:
+        fake.invalidated = True
         raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+def default_stream(fake):
+    if fake.capturing:
+        fake.invalidated = True
+        raise RuntimeError("a stale reference to the default stream will invalidate the capture")
 """
 _ns: dict = {}
 exec(compile(_SYNC, os.path.join(TORCH_DIR, "_fusewise_fake_sync.py"), "exec"), _ns)
-FakeCuda.sync = _ns["sync"]
+FakeCuda.sync, FakeCuda.default_stream = _ns["sync"], _ns["default_stream"]
 
 
 def test_capture_flow_warm_up_then_one_capture(monkeypatch):
@@ -268,6 +279,20 @@ def test_capture_flow_a_syncing_step_is_refused_and_cleaned_up(monkeypatch):
         ("_cuda_endAllocateToPool", 0, (0, 7)),  # the allocator no longer counts the capture
         ("_cuda_releasePool", 0, (0, 7)),
     ]
+
+
+def test_capture_flow_other_capture_errors_are_not_called_syncs(monkeypatch):
+    fake = FakeCuda(monkeypatch)
+
+    def step(x):
+        fake.default_stream()
+        return x
+
+    with pytest.raises(graphs.CaptureError, match="capture failed at .*fake.default_stream") as e:
+        graphs.capture(step, torch.ones(2))
+    assert "synchronises" not in str(e.value) and "stale reference" in str(e.value)
+    with pytest.raises(graphs.CaptureError, match="capturing the step failed: KeyError"):
+        graphs.capture(lambda x: {}["k"] if fake.capturing else x, torch.ones(2))
 
 
 def test_capture_flow_shape_change_and_non_tensor_output(monkeypatch):

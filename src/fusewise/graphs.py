@@ -44,16 +44,16 @@ fixes.register(
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _THIS_FILE = os.path.abspath(__file__)
 
-# Words of the errors CUDA and torch raise when a captured stream meets a host sync or another
-# call capture forbids (cudaErrorStreamCaptureUnsupported / ...Invalidated / ...Implicit, torch's
-# check on CPU<->CUDA copies during capture).
-_CAPTURE_ERROR_WORDS = (
+# Words of the errors CUDA and torch raise when a captured stream meets a host sync
+# (cudaErrorStreamCaptureUnsupported: "operation not permitted when stream is capturing";
+# torch's check on a copy to pageable CPU memory during capture). Any other error that speaks of
+# capture (an invalidated capture, a default-stream dependency) is a capture error of another
+# kind; capture_end's own "previous error during capture" sits on top of the step's error.
+_SYNC_WORDS = (
     "stream is capturing",
+    "not permitted when stream",
+    "streamcaptureunsupported",
     "during cuda graph capture",
-    "streamcapture",
-    "capture_end",
-    "previous error during capture",
-    "operation not permitted when stream",
 )
 
 
@@ -150,11 +150,7 @@ def check_on_device(specs: list[TensorSpec], device: torch.device) -> None:
 def user_line(error: BaseException) -> str | None:
     """`path:line: code` of the innermost frame outside torch and this module, over the error
     and the errors it was raised from (capture_end's error hides the step's own)."""
-    chain, seen = [], set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        chain.append(error)
-        error = error.__cause__ or error.__context__
+    chain = _chain(error)
     for e in reversed(chain):  # the first error raised: where the step synced
         frames = traceback.extract_tb(e.__traceback__)
         for f in reversed(frames):
@@ -165,14 +161,23 @@ def user_line(error: BaseException) -> str | None:
     return None
 
 
-def is_capture_error(error: BaseException) -> bool:
-    seen = set()
+def _chain(error: BaseException) -> list[BaseException]:
+    out, seen = [], set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if any(w in str(error).lower() for w in _CAPTURE_ERROR_WORDS):
-            return True
+        out.append(error)
         error = error.__cause__ or error.__context__
-    return False
+    return out
+
+
+def is_sync_error(error: BaseException) -> bool:
+    """The error (or one it was raised from) is CUDA refusing a host sync during capture."""
+    return any(w in str(e).lower() for e in _chain(error) for w in _SYNC_WORDS)
+
+
+def is_capture_error(error: BaseException) -> bool:
+    """The error (or one it was raised from) speaks of stream capture at all."""
+    return any("captur" in str(e).lower() for e in _chain(error))
 
 
 def sync_error(error: BaseException, cleanup: str = "") -> CaptureError:
@@ -213,11 +218,7 @@ def release_failed_capture(device: torch.device, pool) -> str:
 
 def _root(error: BaseException) -> BaseException:
     """The first error of a chain (what the step ran into, under capture_end's error)."""
-    seen = set()
-    while id(error) not in seen and (error.__cause__ or error.__context__) is not None:
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return error
+    return _chain(error)[-1]
 
 
 def _first_line(error: BaseException) -> str:
@@ -312,8 +313,17 @@ def capture(step, *static_inputs, warmup: int = 3, pool=None) -> CapturedStep:
             cleanup = release_failed_capture(device, pool)
             if isinstance(e, CaptureError):
                 raise
-            if is_capture_error(e):
+            if is_sync_error(e):
                 raise sync_error(e, cleanup) from e
+            if is_capture_error(e):
+                line = user_line(e)
+                raise CaptureError(
+                    f"CUDA graph capture failed{f' at {line}' if line else ''}: "
+                    f"{_first_line(_root(e))}. A captured step must not wait for the GPU "
+                    "(.item(), .cpu(), print(tensor), torch.cuda.synchronize()), touch the default "
+                    "stream or tensors whose autograd graph was built there, or query events"
+                    f"{cleanup}"
+                ) from e
             raise CaptureError(
                 f"capturing the step failed: {type(e).__name__}: {_first_line(e)}{cleanup}"
             ) from e
