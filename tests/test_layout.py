@@ -50,9 +50,10 @@ LAYERS = (
     ),
     Layer(
         "wrappers",
-        ("fusewise.nn", "fusewise.optim", "fusewise.patch"),
+        ("fusewise.nn", "fusewise.optim", "fusewise.patch", "fusewise.graphs"),
         ("ops", "base"),
-        "nn.Module / optimizer drop-ins and the module swap are thin shells over the ops",
+        "nn.Module / optimizer drop-ins, the module swap and the CUDA-graph capture of a step are "
+        "thin shells over the ops and torch; they register their fixes, never read a diagnosis",
     ),
     Layer(
         "report",

@@ -1,6 +1,6 @@
 """fusewise: find, fix and verify the memory traffic a PyTorch step does not need."""
 
-from . import cost, hardware, nn, ops, optim
+from . import cost, graphs, hardware, nn, ops, optim
 from ._version import __version__
 from .capture.script import step
 
@@ -24,5 +24,6 @@ __all__ = [
     "optim",
     "hardware",
     "cost",
+    "graphs",
     "__version__",
 ]

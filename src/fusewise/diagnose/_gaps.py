@@ -31,6 +31,17 @@ def gaps(tl: Timeline) -> list[tuple[float, float]]:
     return out
 
 
+def busy_us(tl: Timeline) -> float:
+    """Time inside the window when at least one device interval runs (overlaps counted once)."""
+    total, cursor = 0.0, tl.window[0]
+    for start, end, _ in tl.device:
+        start, end = max(start, cursor), min(end, tl.window[1])
+        if end > start:
+            total += end - start
+            cursor = end
+    return total
+
+
 def overlap(a0, a1, b0, b1) -> float:
     return max(0.0, min(a1, b1) - max(a0, b0))
 
