@@ -81,7 +81,9 @@ def observation(graph, settings, device="cuda", step_ms=20.0):
 # --- matmul-precision -------------------------------------------------------------------------
 
 
-def test_fp32_matmuls_without_tf32_are_found_at_their_heaviest_line():
+def test_fp32_matmuls_without_tf32_are_found_at_their_heaviest_line(monkeypatch):
+    # the ceilings' ratio, as without a GPU (on one, the heaviest shapes would be timed)
+    monkeypatch.setattr(matmul, "_time_on_gpu", None)
     g = Builder()
     g.mm(1024, 1024, 1024, ms=4.0, where="train.py:10")
     g.mm(1024, 1024, 1024, ms=4.0, where="train.py:10", phase="backward")
@@ -105,7 +107,8 @@ def test_fp32_matmuls_without_tf32_are_found_at_their_heaviest_line():
     assert "fraction of the faster ceiling" in f.evidence["assumption"]
 
 
-def test_with_tf32_on_only_autocast_is_offered():
+def test_with_tf32_on_only_autocast_is_offered(monkeypatch):
+    monkeypatch.setattr(matmul, "_time_on_gpu", None)
     g = Builder()
     g.mm(2048, 2048, 2048, ms=4.0)
     (f,) = matmul.analyze_precision(observation(g.graph, TF32_ON), GPU)
@@ -265,7 +268,9 @@ def test_diagnose_on_the_cpu_invents_no_gpu_finding(tmp_path, monkeypatch):
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
 
-    report = fusewise.diagnose(step, steps=2, warmup=1, restore=[model, opt])
+    # the CPU's ceilings also where a GPU is present (the default would be the GPU's)
+    ceil = hardware.ceilings("cpu")
+    report = fusewise.diagnose(step, steps=2, warmup=1, restore=[model, opt], ceilings=ceil)
     d = json.loads(report.to_json())
     assert not {f["kind"] for f in d["findings"]} & {"matmul-precision", "matmul-shape"}
     assert not [s for s in d["skipped"] if "failed" in s["reason"]], d["skipped"]

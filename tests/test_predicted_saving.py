@@ -131,6 +131,8 @@ def test_kernel_gaps_joins_kernels_to_their_op_and_phase():
         _Event("kernel_b", 30, 35, "cuda", link=2),  # 10 us after kernel_a
         _Event("kernel_c", 60, 70, "cuda", link=3),  # 25 us after kernel_b
         _Event("kernel_d", 70, 80, "cuda", link=99),  # no op with that id: left out
+        # kineto's device-side copy of the range, spanning the kernels: not a kernel
+        _Event("Optimizer.step#AdamW.step", 41, 89, "cuda"),
     ]
     results = types.SimpleNamespace(events=lambda: events)
     prof = types.SimpleNamespace(profiler=types.SimpleNamespace(kineto_results=results))
