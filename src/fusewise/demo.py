@@ -87,9 +87,10 @@ def run(console: Console, *, steps: int = 7, warmup: int = 2) -> int:
     predicted = sum(f.est_saving_ms for f in before.findings)
     console.print(
         f"predicted {predicted:.2f} ms (all findings of the naive step) against "
-        f"{comparison.saving_ms:.2f} ms measured; the prediction counts only avoidable memory "
-        "traffic at the measured bandwidth (host overhead, launch gaps and compute are outside "
-        "it)."
+        f"{comparison.saving_ms:.2f} ms measured. The prediction is the measured time of the "
+        "ops each fix removes, with their launch gaps, less the fused kernel at 60% of the copy "
+        "ceiling (docs/findings.md): a fused kernel that runs slower than that (or costs more "
+        "host time per call) saves less."
     )
     if not gpu:
         console.print(
