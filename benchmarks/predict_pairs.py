@@ -5,7 +5,9 @@ written out, fp32 logits into the loss, a per-parameter AdamW loop) and fixes on
 of them: the demo's pair). The naive step is diagnosed; the prediction is the sum of the
 predicted savings of the findings that problem's fix addresses; the measured saving is naive
 against fixed, interleaved (fusewise.verify), with its 95% interval. The `sync` pair starts from
-the clean step with a `loss.item()` per step; `norm-torch` fixes the norm with torch's own
+the clean step followed by ~2 ms of host work (the next batch prepared on the CPU), with and
+without a `loss.item()` after the optimizer step: the sync keeps the host work from overlapping
+the GPU's; `norm-torch` fixes the norm with torch's own
 nn.LayerNorm instead of fusewise's (whose eager host cost is issue #14's).
 
 python benchmarks/predict_pairs.py [--configs demo,small] [--pairs norm,attention,...]
@@ -61,7 +63,23 @@ def _norm_cls(cuda: bool):
     return nn.LayerNorm
 
 
-def build(config: GPTConfig, fixes: set[str], *, sync: bool, device: str, dtype):
+def host_work(ms: float = 2.0):
+    """A callable doing about `ms` of CPU work (sorting a CPU tensor sized for it here)."""
+    import time
+
+    n, x = 1 << 14, None
+    while True:
+        x = torch.rand(n)
+        t0 = time.perf_counter()
+        x.sort()
+        took = (time.perf_counter() - t0) * 1e3
+        if took >= ms or n >= 1 << 26:
+            break
+        n *= 2
+    return lambda: x.sort()
+
+
+def build(config: GPTConfig, fixes: set[str], *, sync: bool, device: str, dtype, work=None):
     """(step, model, optimizer) of the naive GPT with `fixes` applied; same weights and batch
     for every variant (seeded)."""
     cuda = device == "cuda"
@@ -102,6 +120,8 @@ def build(config: GPTConfig, fixes: set[str], *, sync: bool, device: str, dtype)
         opt.step()
         if sync:
             loss.item()  # the per-step host sync a logging line makes
+        if work is not None:
+            work()
         return loss
 
     return step, model, opt
@@ -113,8 +133,9 @@ def _key(f) -> tuple[str, str | None]:
 
 def run_pair(name: str, config: GPTConfig, *, device: str, dtype, rounds: int, out_dir):
     if name == "sync":
-        naive = build(config, {"clean"}, sync=True, device=device, dtype=dtype)
-        fixed = build(config, {"clean"}, sync=False, device=device, dtype=dtype)
+        work = host_work()
+        naive = build(config, {"clean"}, sync=True, device=device, dtype=dtype, work=work)
+        fixed = build(config, {"clean"}, sync=False, device=device, dtype=dtype, work=work)
     else:
         fixes = {"norm", "attention", "loss", "optimizer"} if name == "demo" else {name}
         naive = build(config, set(), sync=False, device=device, dtype=dtype)
