@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import cost
-from . import profiler
+from . import graph, profiler
 from .graph import OpGraph, OpRecord, Value
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -199,6 +199,7 @@ class Recorder:
         self._next = 0
         self._node_lines: dict = {}
         self._in_optimizer = 0
+        self._from_grads: set[int] = set()  # values made in the backward, or from such values
         self._hooks = []
         self._events: list = []
         self._prof = None
@@ -262,8 +263,10 @@ class Recorder:
         if node is not None:
             phase, where = "backward", self._node_lines.get(node, "?")
         else:
-            phase = "optimizer" if self._in_optimizer else "forward"
+            phase = graph.phase_outside_autograd(bool(self._in_optimizer), inputs, self._from_grads)
             where = user_line()
+        if phase in ("backward", "post-backward"):
+            self._from_grads.update(out_ids)
         self.graph.ops.append(
             OpRecord(
                 len(self.graph.ops), name, phase, inputs, out_ids, c.flops, c.bytes, where, is_view

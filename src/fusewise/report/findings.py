@@ -14,7 +14,7 @@ KINDS = (
     "data-loading",
     "idle-gap",
 )
-PATTERNS = ("norm", "optimizer", "cross-entropy", "attention", "elementwise", "other")
+PATTERNS = ("norm", "optimizer", "grad-clip", "cross-entropy", "attention", "elementwise", "other")
 
 
 @dataclass
