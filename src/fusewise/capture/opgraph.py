@@ -180,6 +180,7 @@ class _Dispatch(TorchDispatchMode):
         else:
             timer = self.rec._start_timer(on_gpu)
             out = func(*args, **kwargs)
+            timer = self.rec._stop_timer(timer)  # before the bookkeeping: only the op is timed
         self.rec._record(func, args, kwargs, out, timer)
         return out
 
@@ -230,7 +231,17 @@ class Recorder:
             return start
         return time.perf_counter()
 
+    @staticmethod
+    def _stop_timer(start):
+        """The op's time in ms on the host clock, or a (start, end) pair of CUDA events."""
+        if isinstance(start, torch.cuda.Event):
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            return start, end
+        return (time.perf_counter() - start) * 1e3
+
     def _record(self, func, args, kwargs, out, timer=None) -> None:
+        """timer: what _stop_timer returned (None: timed by a profiler range)."""
         name, arg_names, arg_writes, is_view = _schema_of(func)
         written = set()
         flat_args = []
@@ -272,12 +283,10 @@ class Recorder:
                 len(self.graph.ops), name, phase, inputs, out_ids, c.flops, c.bytes, where, is_view
             )
         )
-        if isinstance(timer, torch.cuda.Event):
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._events.append((len(self.graph.ops) - 1, timer, end))
+        if isinstance(timer, tuple):
+            self._events.append((len(self.graph.ops) - 1, *timer))
         elif timer is not None:
-            self.graph.ops[-1].ms = (time.perf_counter() - timer) * 1e3
+            self.graph.ops[-1].ms = timer
 
     def __enter__(self):
         from torch.optim.optimizer import (
