@@ -1,0 +1,444 @@
+"""Light capture (opt-in, capture="profiler"): the op graph of a step built from ONE torch.profiler
+session (record_shapes, profile_memory, with_stack) instead of the Python recorder's dispatch
+modes, whose per-op cost alone makes a launch-bound step 2.6x slower on the H200.
+
+From the profiler's event tree (`kineto_results.experimental_event_tree()`, a private API):
+- ops: the outermost aten ops the dispatcher ran below autograd, as the recorder sees them:
+  an op whose kernel is only a CompositeImplicitAutograd decomposition (aten::linear,
+  aten::matmul) is replaced by the ops it ran (aten::t, aten::mm);
+- phases: inside a BACKWARD_FUNCTION range "backward" (attributed to the forward op of the same
+  sequence number), inside an "Optimizer.step#..." range "optimizer", then dataflow
+  (graph.phase_outside_autograd);
+- tensor values: a tensor object is its TensorImpl address and storage allocation id; a write
+  (schema mutability) makes a new value; outputs are not recorded, so a value first read later is
+  credited to the op that allocated its storage, or, for a view, to the last view op of that
+  storage;
+- source lines: the caller line of the innermost Python call around the op in user code. Ops
+  reached through operator slots (`x - y`) have no call of their own: they take the line of the
+  previous call made from the same frame (or the function's first line);
+- device time: the kernels each op launched, joined by correlation id.
+Known differences from the recorder: see docs (capture section) and benchmarks/capture_overhead.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import sys
+
+import torch
+
+from .. import cost
+from . import graph as graph_mod
+from .graph import OpGraph, OpRecord, Value
+from .opgraph import shown_path
+
+_SKIP_DIRS = (os.path.dirname(os.path.dirname(graph_mod.__file__)), os.path.dirname(torch.__file__))
+
+
+def _private(what: str, fn):
+    try:
+        return fn()
+    except (AttributeError, ImportError, TypeError) as e:
+        raise RuntimeError(
+            f"capture='profiler' needs torch.profiler's {what}, which torch "
+            f"{torch.__version__} does not offer as fusewise expects ({e}); use the Python "
+            "recorder (capture='recorder')"
+        ) from e
+
+
+def start(cuda: bool) -> torch.profiler.profile:
+    """A started session recording what the graph needs."""
+    from torch.profiler import ProfilerActivity
+
+    config = _private(
+        "_ExperimentalConfig(capture_overload_names=True)",
+        lambda: torch.profiler._ExperimentalConfig(capture_overload_names=True),
+    )
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    prof = torch.profiler.profile(
+        activities=acts,
+        record_shapes=True,
+        profile_memory=True,
+        with_stack=True,
+        experimental_config=config,
+    )
+    prof.__enter__()
+    return prof
+
+
+_SCHEMAS: dict = {}
+
+
+def _fits(kind: str, typ: str) -> bool:
+    """Whether a profiled argument (t: tensor, l: list, o: other) fits a schema type."""
+    if kind == "t":
+        return "Tensor" in typ and "[]" not in typ
+    if kind == "l":
+        return "[]" in typ
+    return not (typ == "Tensor" or typ.startswith("Tensor("))  # a scalar is no Tensor
+
+
+def _overload(name: str, inputs):
+    """(aten overload name "aten.mm.default", the schema) of a profiled op, by its arguments."""
+    kinds = tuple(
+        "t" if hasattr(i, "sizes") else "l" if isinstance(i, list) else "o" for i in inputs
+    )
+    key = (name, kinds)
+    if key not in _SCHEMAS:
+        found = None
+        for s in torch._C._jit_get_schemas_for_operator(name):
+            if len(s.arguments) != len(kinds):
+                continue
+            ok = all(_fits(k, str(a.type)) for k, a in zip(kinds, s.arguments))
+            if ok:
+                found = s
+                break
+        if found is None:
+            _SCHEMAS[key] = None
+        else:
+            ns, op = name.split("::")
+            overload = found.overload_name or "default"
+            _SCHEMAS[key] = (f"{ns}.{op}.{overload}", found)
+    return _SCHEMAS[key]
+
+
+_IMPLICIT: dict[str, bool] = {}
+
+
+def _decomposed(name: str) -> bool:
+    """True when the op's only kernel is a CompositeImplicitAutograd decomposition: the
+    dispatcher never runs it as one op below autograd, it runs what it decomposes into."""
+    if name not in _IMPLICIT:
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        qual = name.replace(".default", "").replace(".", "::", 1)
+        try:
+            _IMPLICIT[name] = has(qual, "CompositeImplicitAutograd") and not any(
+                has(qual, k) for k in ("CPU", "CUDA", "CompositeExplicitAutograd", "Meta")
+            )
+        except RuntimeError:
+            _IMPLICIT[name] = False
+    return _IMPLICIT[name]
+
+
+_FRAME = re.compile(r"(.+)\((\d+)\): ")  # how the profiler names a Python function's frame
+_ABSOLUTE: dict[str, str] = {}
+
+
+def _absolute(path: str) -> str:
+    """The profiler names a file relative to the sys.path entry it was imported from."""
+    if path not in _ABSOLUTE:
+        found = path
+        if not os.path.isabs(path):
+            for base in sys.path:
+                candidate = os.path.join(base or os.getcwd(), path)
+                if os.path.exists(candidate):
+                    found = os.path.abspath(candidate)
+                    break
+        _ABSOLUTE[path] = found
+    return _ABSOLUTE[path]
+
+
+_TAILS: dict[str, set[int]] = {}
+
+
+def _tail_lines(path: str) -> set[int]:
+    """Lines of statements whose value is not a call (`a @ b / c`, `x[i]`, `-y`, `x += y`): work
+    may follow the statement's last call on them."""
+    if path not in _TAILS:
+        lines: set[int] = set()
+        try:
+            tree = ast.parse(open(path).read())
+        except (OSError, SyntaxError, ValueError):
+            tree = None
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, ast.AugAssign):
+                value = None  # the in-place op runs after the right-hand side
+            elif isinstance(node, (ast.Assign, ast.Return, ast.Expr, ast.AnnAssign)):
+                value = node.value
+            else:
+                continue
+            if not isinstance(value, ast.Call):
+                lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+        _TAILS[path] = lines
+    return _TAILS[path]
+
+
+def _meta(t) -> torch.Tensor:
+    return torch.empty_strided(tuple(t.sizes), tuple(t.strides), dtype=t.dtype, device="meta")
+
+
+class _Builder:
+    def __init__(self):
+        from torch._C._profiler import RecordScope, _EventType
+
+        self.T, self.scope = _EventType, RecordScope
+        self.graph = OpGraph()
+        self.key_vid: dict[tuple, int] = {}  # (impl, allocation) -> current value id
+        self.alloc_op: dict[int, int] = {}  # allocation id -> op index that allocated it
+        self.views_of: dict[int, list[int]] = {}  # allocation id -> view ops reading it
+        self.seq_line: dict[int, list] = {}  # forward sequence number -> [line]
+        self.from_grads: set[int] = set()
+        self.meta: dict[int, list] = {}  # op index -> (input tensors, output tensors)
+        self.written: dict[int, set[int]] = {}
+        self.corr: dict[int, list[int]] = {}  # correlation id -> op indices
+        self.optimizer_ranges: list[tuple[int, int, int]] = []
+        self._inherited = None  # the line cell of the decomposed op being walked
+        self._frames: dict[int, list] = {}  # user frame being walked -> its calls and slot ops
+
+    # --- values --------------------------------------------------------------------------
+    def _value(self, t, *, consumer: int) -> int:
+        key = (t.impl_ptr, t.allocation_id)
+        vid = self.key_vid.get(key)
+        if vid is not None:
+            return vid
+        vid = len(self.graph.values)
+        nbytes = int(torch.Size(t.sizes).numel()) * torch.empty((), dtype=t.dtype).element_size()
+        obj = vid
+        self.graph.values[vid] = Value(
+            vid, tuple(t.sizes), str(t.dtype).replace("torch.", ""), nbytes, obj, t.device.type
+        )
+        self.key_vid[key] = vid
+        producer = self._producer(t.allocation_id, consumer)
+        if producer is not None:
+            self.graph.ops[producer].outputs.append(vid)
+            self.meta[producer][1].append(_meta(t))
+        return vid
+
+    def _producer(self, alloc: int, consumer: int) -> int | None:
+        """The op that made a tensor first read by op `consumer`: the one that allocated its
+        storage, unless a later view op read that storage (then the view made it)."""
+        owner = self.alloc_op.get(alloc)
+        views = [i for i in self.views_of.get(alloc, ()) if i < consumer]
+        unused = [i for i in views if not self.graph.ops[i].outputs]
+        if unused:
+            return unused[-1]
+        if owner is not None and owner < consumer and not self.graph.ops[owner].is_view:
+            return owner
+        return views[-1] if views else None
+
+    # --- walk ----------------------------------------------------------------------------
+    def walk(self, roots) -> None:
+        """Every thread's tree (a GPU backward runs on a thread of its own), its visible ops
+        then taken in the order they started."""
+        found: list = []
+        for r in roots:
+            self._visit(r, [], "forward", None, found)
+        for e, op, line, phase, seq in sorted(found, key=lambda f: f[0].start_time_ns):
+            if phase != "backward" and any(
+                tid == e.start_tid and t0 <= e.start_time_ns <= t1
+                for tid, t0, t1 in self.optimizer_ranges
+            ):
+                phase = "optimizer"
+            self._op(e, op, line, phase, seq)
+
+    def _line(self, stack) -> str:
+        """The user line of an op reached through Python calls (stack: innermost last): the
+        caller line of the innermost call made from user code."""
+        for ev in reversed(stack):
+            caller = ev.extra_fields.caller
+            shown = shown_path(_absolute(caller.file_name), _SKIP_DIRS)
+            if shown is not None:
+                return f"{shown}:{caller.line_number}"
+        return "?"
+
+    def _user_frame(self, ev) -> str | None:
+        """How the file of a Python function's frame is shown, None when not user code."""
+        m = _FRAME.match(ev.name) if ev.tag == self.T.PyCall else None
+        return None if m is None else shown_path(_absolute(m.group(1)), _SKIP_DIRS)
+
+    def _cell(self, e, pystack) -> list:
+        """[line] of an op; for an op run by a user frame itself (an operator slot: x - y, no
+        call of its own) the line is decided once the frame's calls are known."""
+        frame = pystack[-1] if pystack else None
+        items = self._frames.get(id(frame)) if frame is not None else None
+        if items is None:
+            return [self._line(pystack)]
+        cell = [None]
+        ins = set()
+        for i in e.extra_fields.inputs:
+            for t in i if isinstance(i, list) else [i]:
+                if hasattr(t, "sizes"):
+                    ins.add(t.allocation_id)
+        items.append(("slot", cell, ins, self._allocations(e)))
+        return cell
+
+    def _resolve(self, frame, items) -> None:
+        """Lines of the slot ops of a user frame. An op between two calls of the same line is on
+        that line; with no call after it, on the last call's line; with none before, on the next
+        call's (or the function's first line). Between calls of lines P and N, the ops on P
+        come first: an op is on P while P's statement goes on after its last call (its value is
+        no call: `q @ k.T / math.sqrt(d)`, `softmax(s) @ v`) and the op reads what P made;
+        otherwise, and for every op after it, on N (`(x - m) ** 2` before `.mean()`)."""
+        m = _FRAME.match(frame.name)
+        shown, first = self._user_frame(frame), int(m.group(2))
+        tails = _tail_lines(_absolute(m.group(1)))
+        calls = [(k, it[1]) for k, it in enumerate(items) if it[0] == "call"]
+        made: dict[int, set[int]] = {}  # line -> allocations its calls and slot ops made
+        gap_moved_on = None  # the call index after which a slot op went on to the next line
+        for k, it in enumerate(items):
+            if it[0] == "call":
+                made.setdefault(it[1], set()).update(it[2])
+                continue
+            before = [(j, ln) for j, ln in calls if j < k]
+            prev = before[-1] if before else None
+            nxt = next((ln for j, ln in calls if j > k), None)
+            if prev is None or nxt is None or prev[1] == nxt:
+                line = prev[1] if prev is not None else nxt if nxt is not None else first
+            elif gap_moved_on != prev[0] and prev[1] in tails and it[2] & made.get(prev[1], ()):
+                line = prev[1]
+            else:
+                line, gap_moved_on = nxt, prev[0]
+            it[1][0] = f"{shown}:{line}"
+            made.setdefault(line, set()).update(it[3])
+
+    def _visit(self, e, pystack, phase, seq, _events):
+        T = self.T
+        if e.tag in (T.PyCall, T.PyCCall):
+            parent = self._frames.get(id(pystack[-1])) if pystack else None
+            if parent is not None:  # a call made from a user frame
+                parent.append(("call", e.extra_fields.caller.line_number, self._allocations(e)))
+            if self._user_frame(e) is not None:
+                self._frames[id(e)] = []
+            pystack = pystack + [e]
+            for c in e.children:
+                self._visit(c, pystack, phase, seq, _events)
+            if id(e) in self._frames:
+                self._resolve(e, self._frames.pop(id(e)))
+            return
+        if e.tag != T.TorchOp:
+            return
+        ex = e.extra_fields
+        name = e.name
+        if ex.scope == self.scope.BACKWARD_FUNCTION or name.startswith("autograd::engine"):
+            phase, seq = "backward", ex.sequence_number
+        elif name.startswith("Optimizer.step#"):
+            # Python calls are not nested under ranges in the tree: the optimizer's ops are
+            # those that start inside the range (on its thread)
+            self.optimizer_ranges.append((e.start_tid, e.start_time_ns, e.end_time_ns))
+        if "::" not in name or name.startswith(("autograd::", "profiler::")):
+            for c in e.children:
+                self._visit(c, pystack, phase, seq, _events)
+            return
+        found = _overload(name, ex.inputs)
+        cell = self._inherited or self._cell(e, pystack)
+        if found is None or _decomposed(found[0]):
+            if phase == "forward" and ex.sequence_number >= 0:
+                self.seq_line.setdefault(ex.sequence_number, cell)
+            outer, self._inherited = self._inherited, cell  # the ops it ran are on its line
+            for c in e.children:
+                self._visit(c, pystack, phase, seq, _events)
+            self._inherited = outer
+            return
+        _events.append((e, found, cell, phase, seq))
+
+    def _op(self, e, found, line, phase, seq) -> None:
+        name, schema = found
+        ex = e.extra_fields
+        index = len(self.graph.ops)
+        is_view = bool(schema.returns) and all(
+            r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
+        )
+        is_view = is_view or name.startswith("aten._unsafe_view")
+        op = OpRecord(index, name, phase, [], [], 0.0, 0.0, "?", is_view)
+        self.graph.ops.append(op)
+        self.meta[index] = ([], [])
+        written: set[int] = set()
+        tensors, writes = [], []
+        for arg, a in zip(ex.inputs, schema.arguments):
+            ts = arg if isinstance(arg, list) else [arg]
+            ts = [t for t in ts if hasattr(t, "sizes")]
+            is_write = a.alias_info is not None and a.alias_info.is_write
+            tensors += ts
+            writes += [is_write] * len(ts)
+        for t, w in zip(tensors, writes):
+            vid = self._value(t, consumer=index)
+            op.inputs.append(vid)
+            m = _meta(t)
+            self.meta[index][0].append(m)
+            if w:
+                written.add(id(m))
+                self._bump(t, index, m)
+            if is_view:
+                self.views_of.setdefault(t.allocation_id, []).append(index)
+        self.written[index] = written
+        self._claim_allocations(e, index)
+        if phase == "backward":  # the line of the forward op that made the autograd node
+            op.where = self.seq_line.get(seq, ["?"])[0] or "?"
+        else:
+            op.where = line[0] or "?"
+            if ex.sequence_number >= 0 and phase == "forward":
+                self.seq_line.setdefault(ex.sequence_number, line)
+        self._times(e, index)
+
+    def _bump(self, t, index: int, m) -> None:
+        """An in-place write: a new value of the same tensor object, made by this op."""
+        key = (t.impl_ptr, t.allocation_id)
+        old = self.graph.values[self.key_vid[key]]
+        vid = len(self.graph.values)
+        self.graph.values[vid] = Value(vid, old.shape, old.dtype, old.nbytes, old.obj, old.device)
+        self.key_vid[key] = vid
+        self.graph.ops[index].outputs.append(vid)
+        self.meta[index][1].append(m)
+
+    def _allocations(self, e) -> set[int]:
+        """Allocation ids of the storage an op allocated (anywhere below it)."""
+        found, stack = set(), list(e.children)
+        while stack:
+            c = stack.pop()
+            if c.tag == self.T.Allocation and c.extra_fields.alloc_size > 0:
+                found.add(c.extra_fields.allocation_id)
+            stack.extend(c.children)
+        return found
+
+    def _claim_allocations(self, e, index: int) -> None:
+        for a in self._allocations(e):
+            self.alloc_op[a] = index
+
+    def _times(self, e, index: int) -> None:
+        """Host time of the op (the CPU step's time); device kernels are joined later by the
+        correlation ids of the runtime calls under the op."""
+        self.graph.ops[index].ms = e.duration_time_ns / 1e6
+        stack = list(e.children)
+        while stack:
+            c = stack.pop()
+            if c.tag == self.T.Kineto and c.correlation_id:  # a runtime call: a launch
+                self.corr.setdefault(c.correlation_id, []).append(index)
+            stack.extend(c.children)
+
+    def finish(self, kernels) -> OpGraph:
+        """Costs from the shapes (outputs never read are left out of the byte count: the
+        profiler does not record outputs), and device times from the kernels."""
+        g = self.graph
+        for op in g.ops:
+            ins, outs = self.meta[op.index]
+            c = cost.aten_op(op.name, ins, outs, is_view=op.is_view, written=self.written[op.index])
+            op.flops, op.bytes = c.flops, c.bytes
+            if op.phase != "backward":  # by dataflow, now that outputs are known
+                op.phase = graph_mod.phase_outside_autograd(
+                    op.phase == "optimizer", op.inputs, self.from_grads
+                )
+            if op.phase in ("backward", "post-backward"):
+                self.from_grads.update(op.outputs)
+        if kernels:
+            for op in g.ops:
+                op.ms = 0.0
+            for corr, us in kernels:
+                for i in self.corr.get(corr, ())[:1]:
+                    g.ops[i].ms += us / 1e3
+        return g
+
+
+def graph_from_profile(prof) -> OpGraph:
+    """The op graph of the steps a stopped session saw (read before profiler.release)."""
+    results = _private("kineto_results", lambda: prof.profiler.kineto_results)
+    roots = _private("experimental_event_tree()", results.experimental_event_tree)
+    b = _Builder()
+    b.walk(sorted(roots, key=lambda r: r.start_time_ns))
+    kernels = [
+        (e.correlation_id(), e.duration_ns() / 1e3)
+        for e in results.events()
+        if e.device_type() == torch.autograd.DeviceType.CUDA and e.correlation_id()
+    ]
+    return b.finish(kernels)
