@@ -69,6 +69,13 @@ def start(cuda: bool) -> torch.profiler.profile:
 
 
 _SCHEMAS: dict = {}
+_MULTI_VIEWS = (
+    "aten.split",
+    "aten.chunk",
+    "aten.unbind",
+    "aten.split_with_sizes",
+    "aten.unsafe_split",
+)
 
 
 def _fits(kind: str, typ: str) -> bool:
@@ -140,29 +147,43 @@ def _absolute(path: str) -> str:
     return _ABSOLUTE[path]
 
 
-_TAILS: dict[str, set[int]] = {}
+_TAILS: dict[str, dict[int, int]] = {}
+_SLOTS = (ast.BinOp, ast.UnaryOp, ast.Subscript, ast.Compare)
 
 
-def _tail_lines(path: str) -> set[int]:
-    """Lines of statements whose value is not a call (`a @ b / c`, `x[i]`, `-y`, `x += y`): work
-    may follow the statement's last call on them."""
+def _tail_lines(path: str) -> dict[int, int]:
+    """line -> how many operator-slot expressions (`a @ b`, `x[i]`, `-y`) its statement
+    evaluates after its last call (an upper bound on the tensor ops that follow that call), for
+    the statements where there are any; an augmented assignment counts its in-place op."""
     if path not in _TAILS:
-        lines: set[int] = set()
+        lines: dict[int, int] = {}
         try:
             tree = ast.parse(open(path).read())
         except (OSError, SyntaxError, ValueError):
             tree = None
         for node in ast.walk(tree) if tree is not None else ():
-            if isinstance(node, ast.AugAssign):
-                value = None  # the in-place op runs after the right-hand side
-            elif isinstance(node, (ast.Assign, ast.Return, ast.Expr, ast.AnnAssign)):
-                value = node.value
-            else:
-                continue
-            if not isinstance(value, ast.Call):
-                lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+            if isinstance(node, (ast.Assign, ast.Return, ast.Expr, ast.AnnAssign, ast.AugAssign)):
+                if node.value is None:
+                    continue
+                after = 0
+                for sub in _post_order(node.value):
+                    if isinstance(sub, ast.Call):
+                        after = 0
+                    elif isinstance(sub, _SLOTS):
+                        after += 1
+                after += isinstance(node, ast.AugAssign)
+                if after:
+                    for ln in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+                        lines[ln] = after
         _TAILS[path] = lines
     return _TAILS[path]
+
+
+def _post_order(node):
+    """Expression nodes in the order Python evaluates them (operands before their operation)."""
+    for child in ast.iter_child_nodes(node):
+        yield from _post_order(child)
+    yield node
 
 
 def _meta(t) -> torch.Tensor:
@@ -184,15 +205,25 @@ class _Builder:
         self.written: dict[int, set[int]] = {}
         self.corr: dict[int, list[int]] = {}  # correlation id -> op indices
         self.optimizer_ranges: list[tuple[int, int, int]] = []
+        self.wrapped_numbers: set[int] = set()
+        self.meta_of: dict[int, torch.Tensor] = {}  # value id -> a meta tensor of its layout
+        self.by_layout: dict[tuple, tuple] = {}  # (allocation, sizes, strides) -> tensor key
         self._inherited = None  # the line cell of the decomposed op being walked
         self._frames: dict[int, list] = {}  # user frame being walked -> its calls and slot ops
 
     # --- values --------------------------------------------------------------------------
-    def _value(self, t, *, consumer: int) -> int:
+    def _value(self, t, *, consumer: int, backward: bool = False) -> int:
         key = (t.impl_ptr, t.allocation_id)
         vid = self.key_vid.get(key)
         if vid is not None:
             return vid
+        layout = (t.allocation_id, tuple(t.sizes), tuple(t.strides))
+        if backward and layout in self.by_layout:
+            # a tensor saved for the backward comes back as a new tensor object on the same
+            # storage, with the same layout: the value it saved
+            self.key_vid[key] = vid = self.key_vid[self.by_layout[layout]]
+            return vid
+        self.by_layout[layout] = key
         vid = len(self.graph.values)
         nbytes = int(torch.Size(t.sizes).numel()) * torch.empty((), dtype=t.dtype).element_size()
         obj = vid
@@ -201,9 +232,10 @@ class _Builder:
         )
         self.key_vid[key] = vid
         producer = self._producer(t.allocation_id, consumer)
+        self.meta_of[vid] = _meta(t)
         if producer is not None:
             self.graph.ops[producer].outputs.append(vid)
-            self.meta[producer][1].append(_meta(t))
+            self.meta[producer][1].append(self.meta_of[vid])
         return vid
 
     def _producer(self, alloc: int, consumer: int) -> int | None:
@@ -214,6 +246,9 @@ class _Builder:
         unused = [i for i in views if not self.graph.ops[i].outputs]
         if unused:
             return unused[-1]
+        several = [i for i in views if self.graph.ops[i].name.startswith(_MULTI_VIEWS)]
+        if several:  # split, chunk, unbind: one storage, several outputs
+            return several[-1]
         if owner is not None and owner < consumer and not self.graph.ops[owner].is_view:
             return owner
         return views[-1] if views else None
@@ -270,24 +305,32 @@ class _Builder:
         call's (or the function's first line). Between calls of lines P and N, the ops on P
         come first: an op is on P while P's statement goes on after its last call (its value is
         no call: `q @ k.T / math.sqrt(d)`, `softmax(s) @ v`) and the op reads what P made;
-        otherwise, and for every op after it, on N (`(x - m) ** 2` before `.mean()`)."""
+        or the op is one of the first few after the call, as many as P's statement has operator
+        expressions after its last call; otherwise, and for every op after it, on N
+        (`(x - m) ** 2` before `.mean()`)."""
         m = _FRAME.match(frame.name)
         shown, first = self._user_frame(frame), int(m.group(2))
         tails = _tail_lines(_absolute(m.group(1)))
         calls = [(k, it[1]) for k, it in enumerate(items) if it[0] == "call"]
         made: dict[int, set[int]] = {}  # line -> allocations its calls and slot ops made
         gap_moved_on = None  # the call index after which a slot op went on to the next line
+        on_prev = 0  # slot ops put on the previous call's line in this gap
         for k, it in enumerate(items):
             if it[0] == "call":
                 made.setdefault(it[1], set()).update(it[2])
+                on_prev = 0
                 continue
             before = [(j, ln) for j, ln in calls if j < k]
             prev = before[-1] if before else None
             nxt = next((ln for j, ln in calls if j > k), None)
             if prev is None or nxt is None or prev[1] == nxt:
                 line = prev[1] if prev is not None else nxt if nxt is not None else first
-            elif gap_moved_on != prev[0] and prev[1] in tails and it[2] & made.get(prev[1], ()):
-                line = prev[1]
+            elif (
+                gap_moved_on != prev[0]
+                and prev[1] in tails
+                and (it[2] & made.get(prev[1], set()) or on_prev < tails[prev[1]])
+            ):
+                line, on_prev = prev[1], on_prev + 1
             else:
                 line, gap_moved_on = nxt, prev[0]
             it[1][0] = f"{shown}:{line}"
@@ -307,6 +350,10 @@ class _Builder:
             if id(e) in self._frames:
                 self._resolve(e, self._frames.pop(id(e)))
             return
+        if e.tag == T.Allocation and 0 < e.extra_fields.alloc_size <= 16:
+            # a Python number made a 0-dim tensor outside any op (`x * 2`): the dispatcher
+            # hands the op a number, which the recorder does not count as a tensor read
+            self.wrapped_numbers.add(e.extra_fields.allocation_id)
         if e.tag != T.TorchOp:
             return
         ex = e.extra_fields
@@ -348,14 +395,19 @@ class _Builder:
         tensors, writes = [], []
         for arg, a in zip(ex.inputs, schema.arguments):
             ts = arg if isinstance(arg, list) else [arg]
-            ts = [t for t in ts if hasattr(t, "sizes")]
+            ts = [
+                t
+                for t in ts
+                if hasattr(t, "sizes")
+                and not (not t.sizes and t.allocation_id in self.wrapped_numbers)
+            ]
             is_write = a.alias_info is not None and a.alias_info.is_write
             tensors += ts
             writes += [is_write] * len(ts)
         for t, w in zip(tensors, writes):
-            vid = self._value(t, consumer=index)
+            vid = self._value(t, consumer=index, backward=phase == "backward")
             op.inputs.append(vid)
-            m = _meta(t)
+            m = self.meta_of[vid]  # one tensor per value: an op reading it twice reads it once
             self.meta[index][0].append(m)
             if w:
                 written.add(id(m))
@@ -378,6 +430,7 @@ class _Builder:
         old = self.graph.values[self.key_vid[key]]
         vid = len(self.graph.values)
         self.graph.values[vid] = Value(vid, old.shape, old.dtype, old.nbytes, old.obj, old.device)
+        self.meta_of[vid] = m
         self.key_vid[key] = vid
         self.graph.ops[index].outputs.append(vid)
         self.meta[index][1].append(m)
