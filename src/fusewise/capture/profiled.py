@@ -26,13 +26,15 @@ import ast
 import os
 import re
 import sys
+import warnings
 
 import torch
 
 from .. import cost
 from . import graph as graph_mod
+from . import profiler
 from .graph import OpGraph, OpRecord, Value
-from .opgraph import shown_path
+from .opgraph import _FUSED_SDPA, shown_path
 
 _SKIP_DIRS = (os.path.dirname(os.path.dirname(graph_mod.__file__)), os.path.dirname(torch.__file__))
 
@@ -64,7 +66,9 @@ def start(cuda: bool) -> torch.profiler.profile:
         with_stack=True,
         experimental_config=config,
     )
-    prof.__enter__()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events")
+        prof.__enter__()
     return prof
 
 
@@ -205,6 +209,12 @@ class _Builder:
         self.written: dict[int, set[int]] = {}
         self.corr: dict[int, list[int]] = {}  # correlation id -> op indices
         self.optimizer_ranges: list[tuple[int, int, int]] = []
+        self._shown: dict[str, str | None] = {}  # frame name -> how its file is shown
+        self.alloc_time: dict[int, int] = {}  # allocation id -> when (ns)
+        self._pending: list[tuple] = []  # user frames whose slot ops' lines are still open
+        self.where_cells: list[list] = []  # per op: its [line], filled once frames resolve
+        self.sdpa: list[tuple] = []  # (event, line cell) of each scaled_dot_product_attention
+        self.starts: list[tuple[int, int]] = []  # (thread, start ns) of each op
         self.wrapped_numbers: set[int] = set()
         self.meta_of: dict[int, torch.Tensor] = {}  # value id -> a meta tensor of its layout
         self.by_layout: dict[tuple, tuple] = {}  # (allocation, sizes, strides) -> tensor key
@@ -267,6 +277,10 @@ class _Builder:
             ):
                 phase = "optimizer"
             self._op(e, op, line, phase, seq)
+        for frame, items in self._pending:  # now that every allocation's time is known
+            self._resolve(frame, items)
+        for op, cell in zip(self.graph.ops, self.where_cells):
+            op.where = cell[0] or "?"
 
     def _line(self, stack) -> str:
         """The user line of an op reached through Python calls (stack: innermost last): the
@@ -280,8 +294,13 @@ class _Builder:
 
     def _user_frame(self, ev) -> str | None:
         """How the file of a Python function's frame is shown, None when not user code."""
-        m = _FRAME.match(ev.name) if ev.tag == self.T.PyCall else None
-        return None if m is None else shown_path(_absolute(m.group(1)), _SKIP_DIRS)
+        if ev.tag != self.T.PyCall:
+            return None
+        name = ev.name
+        if name not in self._shown:  # a step makes many calls of few functions
+            m = _FRAME.match(name)
+            self._shown[name] = None if m is None else shown_path(_absolute(m.group(1)), _SKIP_DIRS)
+        return self._shown[name]
 
     def _cell(self, e, pystack) -> list:
         """[line] of an op; for an op run by a user frame itself (an operator slot: x - y, no
@@ -296,7 +315,7 @@ class _Builder:
             for t in i if isinstance(i, list) else [i]:
                 if hasattr(t, "sizes"):
                     ins.add(t.allocation_id)
-        items.append(("slot", cell, ins, self._allocations(e)))
+        items.append(("slot", cell, ins, (e.start_time_ns, e.end_time_ns)))
         return cell
 
     def _resolve(self, frame, items) -> None:
@@ -312,12 +331,12 @@ class _Builder:
         shown, first = self._user_frame(frame), int(m.group(2))
         tails = _tail_lines(_absolute(m.group(1)))
         calls = [(k, it[1]) for k, it in enumerate(items) if it[0] == "call"]
-        made: dict[int, set[int]] = {}  # line -> allocations its calls and slot ops made
+        made: dict[int, list] = {}  # line -> (start, end) of its calls and slot ops, latest last
         gap_moved_on = None  # the call index after which a slot op went on to the next line
         on_prev = 0  # slot ops put on the previous call's line in this gap
         for k, it in enumerate(items):
             if it[0] == "call":
-                made.setdefault(it[1], set()).update(it[2])
+                made.setdefault(it[1], []).append(it[2])
                 on_prev = 0
                 continue
             before = [(j, ln) for j, ln in calls if j < k]
@@ -328,28 +347,38 @@ class _Builder:
             elif (
                 gap_moved_on != prev[0]
                 and prev[1] in tails
-                and (it[2] & made.get(prev[1], set()) or on_prev < tails[prev[1]])
+                and (self._made_in(it[2], made.get(prev[1], ())) or on_prev < tails[prev[1]])
             ):
                 line, on_prev = prev[1], on_prev + 1
             else:
                 line, gap_moved_on = nxt, prev[0]
             it[1][0] = f"{shown}:{line}"
-            made.setdefault(line, set()).update(it[3])
+            made.setdefault(line, []).append(it[3])
+
+    def _made_in(self, allocations, ranges) -> bool:
+        """Whether one of the allocations was made during one of the latest ranges."""
+        times = [self.alloc_time.get(a, -1) for a in allocations]
+        return any(t0 <= t <= t1 for t0, t1 in ranges[-8:] for t in times)
 
     def _visit(self, e, pystack, phase, seq, _events):
         T = self.T
         if e.tag in (T.PyCall, T.PyCCall):
             parent = self._frames.get(id(pystack[-1])) if pystack else None
             if parent is not None:  # a call made from a user frame
-                parent.append(("call", e.extra_fields.caller.line_number, self._allocations(e)))
+                line = e.extra_fields.caller.line_number
+                parent.append(("call", line, (e.start_time_ns, e.end_time_ns)))
             if self._user_frame(e) is not None:
                 self._frames[id(e)] = []
-            pystack = pystack + [e]
+            pystack.append(e)  # one list for the walk: copies per call cost O(depth)
             for c in e.children:
                 self._visit(c, pystack, phase, seq, _events)
-            if id(e) in self._frames:
-                self._resolve(e, self._frames.pop(id(e)))
+            pystack.pop()
+            items = self._frames.pop(id(e), None)
+            if items and any(it[0] == "slot" for it in items):
+                self._pending.append((e, items))
             return
+        if e.tag == T.Allocation:
+            self.alloc_time[e.extra_fields.allocation_id] = e.start_time_ns
         if e.tag == T.Allocation and 0 < e.extra_fields.alloc_size <= 16:
             # a Python number made a 0-dim tensor outside any op (`x * 2`): the dispatcher
             # hands the op a number, which the recorder does not count as a tensor read
@@ -370,6 +399,8 @@ class _Builder:
             return
         found = _overload(name, ex.inputs)
         cell = self._inherited or self._cell(e, pystack)
+        if name == "aten::scaled_dot_product_attention":
+            self.sdpa.append((e, cell))
         if found is None or _decomposed(found[0]):
             if phase == "forward" and ex.sequence_number >= 0:
                 self.seq_line.setdefault(ex.sequence_number, cell)
@@ -378,7 +409,7 @@ class _Builder:
                 self._visit(c, pystack, phase, seq, _events)
             self._inherited = outer
             return
-        _events.append((e, found, cell, phase, seq))
+        _events.append((e, found, cell, phase, seq))  # its line cell is set or will be
 
     def _op(self, e, found, line, phase, seq) -> None:
         name, schema = found
@@ -390,6 +421,7 @@ class _Builder:
         is_view = is_view or name.startswith("aten._unsafe_view")
         op = OpRecord(index, name, phase, [], [], 0.0, 0.0, "?", is_view)
         self.graph.ops.append(op)
+        self.starts.append((e.start_tid, e.start_time_ns))
         self.meta[index] = ([], [])
         written: set[int] = set()
         tensors, writes = [], []
@@ -417,9 +449,9 @@ class _Builder:
         self.written[index] = written
         self._claim_allocations(e, index)
         if phase == "backward":  # the line of the forward op that made the autograd node
-            op.where = self.seq_line.get(seq, ["?"])[0] or "?"
+            self.where_cells.append(self.seq_line.get(seq, ["?"]))
         else:
-            op.where = line[0] or "?"
+            self.where_cells.append(line)
             if ex.sequence_number >= 0 and phase == "forward":
                 self.seq_line.setdefault(ex.sequence_number, line)
         self._times(e, index)
@@ -435,19 +467,14 @@ class _Builder:
         self.graph.ops[index].outputs.append(vid)
         self.meta[index][1].append(m)
 
-    def _allocations(self, e) -> set[int]:
-        """Allocation ids of the storage an op allocated (anywhere below it)."""
-        found, stack = set(), list(e.children)
+    def _claim_allocations(self, e, index: int) -> None:
+        stack = list(e.children)
         while stack:
             c = stack.pop()
             if c.tag == self.T.Allocation and c.extra_fields.alloc_size > 0:
-                found.add(c.extra_fields.allocation_id)
+                self.alloc_op[c.extra_fields.allocation_id] = index
+                self.alloc_time[c.extra_fields.allocation_id] = c.start_time_ns
             stack.extend(c.children)
-        return found
-
-    def _claim_allocations(self, e, index: int) -> None:
-        for a in self._allocations(e):
-            self.alloc_op[a] = index
 
     def _times(self, e, index: int) -> None:
         """Host time of the op (the CPU step's time); device kernels are joined later by the
@@ -459,6 +486,36 @@ class _Builder:
             if c.tag == self.T.Kineto and c.correlation_id:  # a runtime call: a launch
                 self.corr.setdefault(c.correlation_id, []).append(index)
             stack.extend(c.children)
+
+    def attention_calls(self) -> None:
+        """graph.attention as the recorder notes it: per call its line, the ops it ran, the
+        fused op that ran it (None: torch's math path) and its arguments."""
+        for e, cell in self.sdpa:
+            inside = [
+                i
+                for i, (tid, t) in enumerate(self.starts)
+                if tid == e.start_tid and e.start_time_ns <= t <= e.end_time_ns
+            ]
+            ops = self.graph.ops[inside[0] : inside[-1] + 1] if inside else []
+            args = list(e.extra_fields.inputs) + [None] * 8
+            q, mask = args[0], args[3]
+            self.graph.attention.append(
+                dict(
+                    where=cell[0] or "?",
+                    ops=[inside[0], inside[-1] + 1] if inside else [0, 0],
+                    kernel=next(
+                        (op.name for op in ops if any(f in op.name for f in _FUSED_SDPA)), None
+                    ),
+                    shape=list(q.sizes),
+                    dtype=str(q.dtype).replace("torch.", ""),
+                    device=q.device.type,
+                    mask=None
+                    if not hasattr(mask, "sizes")
+                    else f"{str(mask.dtype).replace('torch.', '')} {list(mask.sizes)}",
+                    dropout=float(args[4] or 0.0),
+                    is_causal=bool(args[5]),
+                )
+            )
 
     def finish(self, kernels) -> OpGraph:
         """Costs from the shapes (outputs never read are left out of the byte count: the
@@ -483,15 +540,51 @@ class _Builder:
         return g
 
 
-def graph_from_profile(prof) -> OpGraph:
-    """The op graph of the steps a stopped session saw (read before profiler.release)."""
+def graph_from_profile(prof, cuda: bool | None = None) -> OpGraph:
+    """The op graph of the steps a stopped session saw (read before its results are freed).
+    cuda: whether the session recorded CUDA kernels (default: CUDA is available)."""
     results = _private("kineto_results", lambda: prof.profiler.kineto_results)
     roots = _private("experimental_event_tree()", results.experimental_event_tree)
     b = _Builder()
     b.walk(sorted(roots, key=lambda r: r.start_time_ns))
-    kernels = [
-        (e.correlation_id(), e.duration_ns() / 1e3)
-        for e in results.events()
-        if e.device_type() == torch.autograd.DeviceType.CUDA and e.correlation_id()
-    ]
+    b.attention_calls()
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    kernels = (
+        [
+            (e.correlation_id(), e.duration_ns() / 1e3)
+            for e in results.events()
+            if e.device_type() == torch.autograd.DeviceType.CUDA and e.correlation_id()
+        ]
+        if cuda
+        else []
+    )
     return b.finish(kernels)
+
+
+class ProfiledCapture:
+    """with ProfiledCapture() as cap: step()  ->  cap.graph, as with opgraph.Recorder."""
+
+    def __init__(self, cuda: bool | None = None):
+        self.cuda = torch.cuda.is_available() if cuda is None else cuda
+        self.graph: OpGraph | None = None
+        self._prof = None
+
+    def __enter__(self):
+        self._prof = start(self.cuda)
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            torch.cuda.synchronize()
+        profiler.stop(self._prof)
+        try:
+            if exc[0] is None:
+                self.graph = graph_from_profile(self._prof, self.cuda)
+        finally:
+            # kineto's results freed now (profiler.py says why), without parsing them into
+            # FunctionEvents first as profiler.release does: nothing here reads those, and with
+            # stacks that parse is slow
+            self._prof.profiler.kineto_results = None
+            self._prof = None
+            profiler.collect()
+        return False
