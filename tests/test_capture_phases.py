@@ -4,9 +4,11 @@ where the next micro-batch's forward runs after a backward and stays "forward"."
 
 import pathlib
 
+import pytest
 import torch
 
 from fusewise.capture.opgraph import Recorder
+from fusewise.capture.profiled import ProfiledCapture
 from fusewise.diagnose.chains import find_chains
 from fusewise.hardware import Ceilings
 
@@ -34,10 +36,16 @@ def _line(text):
     raise AssertionError(text)
 
 
-def test_clip_grad_norm_is_post_backward_and_its_chain_is_grad_clip():
+CAPTURES = pytest.mark.parametrize(
+    "capture", [Recorder, ProfiledCapture], ids=["recorder", "profiler"]
+)
+
+
+@CAPTURES
+def test_clip_grad_norm_is_post_backward_and_its_chain_is_grad_clip(capture):
     model, opt = _model()
     x = torch.randn(64, 512)
-    with Recorder() as rec:
+    with capture() as rec:
         model(x).square().mean().backward()  # FWD
         for p in model.parameters():
             p.grad.div_(1024.0)  # UNSCALE (a loss scale taken out by hand, then clipped)
@@ -53,10 +61,11 @@ def test_clip_grad_norm_is_post_backward_and_its_chain_is_grad_clip():
     assert "foreach=True" in clip[0].fix
 
 
-def test_gradient_accumulation_keeps_the_next_forward_forward():
+@CAPTURES
+def test_gradient_accumulation_keeps_the_next_forward_forward(capture):
     model, opt = _model()
     xs = torch.randn(2, 16, 512)
-    with Recorder() as rec:
+    with capture() as rec:
         for x in xs:
             (model(x).square().mean() / 2).backward()  # MICRO
         for p in model.parameters():

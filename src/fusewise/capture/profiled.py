@@ -85,9 +85,9 @@ _MULTI_VIEWS = (
 def _fits(kind: str, typ: str) -> bool:
     """Whether a profiled argument (t: tensor, l: list, o: other) fits a schema type."""
     if kind == "t":
-        return "Tensor" in typ and "[]" not in typ
+        return "Tensor" in typ and "[]" not in typ and "List[" not in typ
     if kind == "l":
-        return "[]" in typ
+        return "[]" in typ or typ.startswith(("List[", "Optional[List["))
     return not (typ == "Tensor" or typ.startswith("Tensor("))  # a scalar is no Tensor
 
 
@@ -208,7 +208,9 @@ class _Builder:
         self.meta: dict[int, list] = {}  # op index -> (input tensors, output tensors)
         self.written: dict[int, set[int]] = {}
         self.corr: dict[int, list[int]] = {}  # correlation id -> op indices
-        self.optimizer_ranges: list[tuple[int, int, int]] = []
+        self.optimizer_marks: list[tuple[int, int, bool]] = []  # (time, thread, is a begin)
+        self.optimizer_ranges: list[tuple[int, int, int]] = []  # (thread, start, end)
+        self.unmatched: dict[str, int] = {}  # op names no schema matched (counted, walked into)
         self._shown: dict[str, str | None] = {}  # frame name -> how its file is shown
         self.alloc_time: dict[int, int] = {}  # allocation id -> when (ns)
         self._pending: list[tuple] = []  # user frames whose slot ops' lines are still open
@@ -270,6 +272,7 @@ class _Builder:
         found: list = []
         for r in roots:
             self._visit(r, [], "forward", None, found)
+        self.optimizer_ranges = _optimizer_ranges(self.optimizer_marks)
         for e, op, line, phase, seq in sorted(found, key=lambda f: f[0].start_time_ns):
             if phase != "backward" and any(
                 tid == e.start_tid and t0 <= e.start_time_ns <= t1
@@ -389,15 +392,15 @@ class _Builder:
         name = e.name
         if ex.scope == self.scope.BACKWARD_FUNCTION or name.startswith("autograd::engine"):
             phase, seq = "backward", ex.sequence_number
-        elif name.startswith("Optimizer.step#"):
-            # Python calls are not nested under ranges in the tree: the optimizer's ops are
-            # those that start inside the range (on its thread)
-            self.optimizer_ranges.append((e.start_tid, e.start_time_ns, e.end_time_ns))
-        if "::" not in name or name.startswith(("autograd::", "profiler::")):
+        elif name in (_OPT_BEGIN, _OPT_END):
+            self.optimizer_marks.append((e.start_time_ns, e.start_tid, name == _OPT_BEGIN))
+        if "::" not in name or name.startswith(("autograd::", "profiler::", "torch::autograd::")):
             for c in e.children:
                 self._visit(c, pystack, phase, seq, _events)
             return
         found = _overload(name, ex.inputs)
+        if found is None:  # no schema fits the recorded arguments: the ops it ran stand in
+            self.unmatched[name] = self.unmatched.get(name, 0) + 1
         cell = self._inherited or self._cell(e, pystack)
         if name == "aten::scaled_dot_product_attention":
             self.sdpa.append((e, cell))
@@ -558,7 +561,34 @@ def graph_from_profile(prof, cuda: bool | None = None) -> OpGraph:
         if cuda
         else []
     )
-    return b.finish(kernels)
+    graph = b.finish(kernels)
+    graph_from_profile.unmatched = b.unmatched  # the last build's, for tests and debugging
+    return graph
+
+
+_OPT_BEGIN, _OPT_END = "fusewise.optimizer.begin", "fusewise.optimizer.end"
+
+
+def _mark(name: str):
+    def hook(*_):
+        with torch.profiler.record_function(name):  # an instant on the profiler's clock
+            pass
+
+    return hook
+
+
+def _optimizer_ranges(marks) -> list[tuple[int, int, int]]:
+    """(thread, start, end) of each optimizer step from the markers its hooks left; a step still
+    running when the session stopped (the script runner ends a step in optimizer.step()'s
+    hook) lasts to the end. torch's own "Optimizer.step#" ranges are not used: a session that
+    starts or stops inside one records it with a wrong end."""
+    ranges, open_at = [], {}
+    for t, tid, begin in sorted(marks):
+        if begin:
+            open_at[tid] = t
+        elif tid in open_at:
+            ranges.append((tid, open_at.pop(tid), t))
+    return ranges + [(tid, t, 2**63) for tid, t in open_at.items()]
 
 
 class ProfiledCapture:
@@ -568,12 +598,25 @@ class ProfiledCapture:
         self.cuda = torch.cuda.is_available() if cuda is None else cuda
         self.graph: OpGraph | None = None
         self._prof = None
+        self._hooks: list = []
 
     def __enter__(self):
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        # optimizer steps marked as the recorder marks them: through torch's global hooks
+        self._hooks = [
+            register_optimizer_step_pre_hook(_mark(_OPT_BEGIN)),
+            register_optimizer_step_post_hook(_mark(_OPT_END)),
+        ]
         self._prof = start(self.cuda)
         return self
 
     def __exit__(self, *exc):
+        for h in self._hooks:
+            h.remove()
         if self.cuda:
             torch.cuda.synchronize()
         profiler.stop(self._prof)

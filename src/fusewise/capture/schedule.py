@@ -27,7 +27,6 @@ from .opgraph import Recorder
 from .profiled import ProfiledCapture
 from .timeline import op_times, timeline_from_profiler
 
-
 # How the recorded step becomes an op graph: "profiler" (one torch.profiler session, light enough
 # to leave on: capture/profiled.py) or "recorder" (the Python dispatch-mode recorder:
 # capture/opgraph.py). FUSEWISE_CAPTURE overrides the default.
