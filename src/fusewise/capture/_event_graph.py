@@ -47,7 +47,11 @@ class Builder:
         self.optimizer_ranges: list[tuple[int, int, int]] = []  # (thread, start, end)
         self.unmatched: dict[str, int] = {}  # op names no schema matched (counted, walked into)
         self._shown: dict[str, str | None] = {}  # frame name -> how its file is shown
-        self.alloc_time: dict[int, int] = {}  # allocation id -> when (ns)
+        self.alloc_time: dict[int, int] = {}
+        self.kept: dict[int, dict[int, int]] = {}  # op -> allocations it made and kept: bytes
+        self.credited: set[int] = (
+            set()
+        )  # allocations some value read later was made in  # allocation id -> when (ns)
         self._pending: list[tuple] = []  # user frames whose slot ops' lines are still open
         self.where_cells: list[list] = []  # per op: its [line], filled once frames resolve
         self.sdpa: list[tuple] = []  # (event, line cell) of each scaled_dot_product_attention
@@ -81,6 +85,7 @@ class Builder:
         producer = self._producer(t.allocation_id, consumer)
         self.meta_of[vid] = meta(t)
         if producer is not None:
+            self.credited.add(t.allocation_id)
             self.graph.ops[producer].outputs.append(vid)
             self.meta[producer][1].append(self.meta_of[vid])
         return vid
@@ -255,22 +260,32 @@ class Builder:
         self.meta[index][1].append(m)
 
     def _claim_allocations(self, e, index: int) -> None:
+        """Storage the op allocated; what it did not also free is an output (read later, or
+        never: then only its allocation says it was written)."""
+        made, freed = {}, set()
         stack = list(e.children)
         while stack:
             c = stack.pop()
-            if c.tag == self.T.Allocation and c.extra_fields.alloc_size > 0:
-                self.alloc_op[c.extra_fields.allocation_id] = index
-                self.alloc_time[c.extra_fields.allocation_id] = c.start_time_ns
+            if c.tag == self.T.Allocation:
+                a, size = c.extra_fields.allocation_id, c.extra_fields.alloc_size
+                if size > 0:
+                    self.alloc_op[a] = index
+                    self.alloc_time[a] = c.start_time_ns
+                    made[a] = size
+                else:
+                    freed.add(a)
             stack.extend(c.children)
+        self.kept[index] = {a: size for a, size in made.items() if a not in freed}
 
     def _times(self, e, index: int) -> None:
-        """Host time of the op (the CPU step's time); device kernels are joined later by the
-        correlation ids of the runtime calls under the op."""
+        """Host time of the op (a CPU step's time); its device kernels are joined in finish():
+        a kernel's linked correlation id is that of the innermost op that launched it, this op
+        or one it ran (torch.autograd.profiler joins them the same way)."""
         self.graph.ops[index].ms = e.duration_time_ns / 1e6
-        stack = list(e.children)
+        stack = [e]
         while stack:
             c = stack.pop()
-            if c.tag == self.T.Kineto and c.correlation_id:  # a runtime call: a launch
+            if c.tag == self.T.TorchOp and c.correlation_id:
                 self.corr.setdefault(c.correlation_id, []).append(index)
             stack.extend(c.children)
 
@@ -305,13 +320,17 @@ class Builder:
             )
 
     def finish(self, kernels) -> OpGraph:
-        """Costs from the shapes (outputs never read are left out of the byte count: the
-        profiler does not record outputs), and device times from the kernels."""
+        """Costs from the shapes of what each op read and what was read of its outputs (the
+        profiler records no outputs: an output never read counts by its allocation's size),
+        the phases by dataflow, and device times from the kernels."""
         g = self.graph
         for op in g.ops:
             ins, outs = self.meta[op.index]
             c = cost.aten_op(op.name, ins, outs, is_view=op.is_view, written=self.written[op.index])
-            op.flops, op.bytes = c.flops, c.bytes
+            unread = sum(
+                b for a, b in self.kept.get(op.index, {}).items() if a not in self.credited
+            )
+            op.flops, op.bytes = c.flops, c.bytes + (0 if op.is_view else unread)
             if op.phase != "backward":  # by dataflow, now that outputs are known
                 op.phase = graph_mod.phase_outside_autograd(
                     op.phase == "optimizer", op.inputs, self.from_grads

@@ -77,9 +77,9 @@ def graph_from_profile(prof, cuda: bool | None = None) -> OpGraph:
     cuda = torch.cuda.is_available() if cuda is None else cuda
     kernels = (
         [
-            (e.correlation_id(), e.duration_ns() / 1e3)
+            (e.linked_correlation_id(), e.duration_ns() / 1e3)
             for e in results.events()
-            if e.device_type() == torch.autograd.DeviceType.CUDA and e.correlation_id()
+            if e.device_type() == torch.autograd.DeviceType.CUDA and e.linked_correlation_id() > 0
         ]
         if cuda
         else []
