@@ -164,3 +164,33 @@ def test_kernels_join_the_op_that_launched_them():
     kernels.append((first[0], 500.0))  # a second kernel of op 0
     g = b.finish(kernels)
     assert g.ops[0].ms == 1.5 and all(o.ms == (o.index + 1) for o in g.ops[1:] if o.index in first)
+
+
+@pytest.mark.gpu
+def test_gpu_op_times_are_their_kernels_device_time():
+    """As the recorder's GPU test: tiny elementwise ops take microseconds of device time, a large
+    matmul about what it takes alone; and a backward run on the autograd engine's device thread
+    is attributed to its forward line."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    small = torch.randn(1024, device="cuda")
+    w = torch.randn(256, 256, device="cuda", requires_grad=True)
+    for _ in range(3):
+        a @ a
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    a @ a
+    end.record()
+    torch.cuda.synchronize()
+    alone = start.elapsed_time(end)
+    with ProfiledCapture() as cap:
+        for _ in range(50):
+            small = small * 1.0001 + 1e-3
+        a @ a
+        (w @ w).sum().backward()  # BACKWARD LINE
+    ops = cap.graph.ops
+    tiny = sorted(op.ms for op in ops if op.name.startswith(("aten.mul", "aten.add")))
+    assert len(tiny) >= 100 and 0 < tiny[50] < 0.02, tiny[50]
+    mm = next(op.ms for op in ops if op.name.startswith("aten.mm"))
+    assert 0.7 * alone < mm < 1.3 * alone, (mm, alone)
+    backward = [op for op in ops if op.phase == "backward" and op.name.startswith("aten.mm")]
+    assert backward and all("test_capture_profiled.py" in op.where for op in backward)
