@@ -40,7 +40,7 @@ def _private(what: str, fn):
         raise RuntimeError(
             f"capture='profiler' needs torch.profiler's {what}, which torch "
             f"{torch.__version__} does not offer as fusewise expects ({e}); use the Python "
-            "recorder (capture='recorder')"
+            "recorder: FUSEWISE_CAPTURE=recorder (or capture='recorder')"
         ) from e
 
 
@@ -72,8 +72,10 @@ def graph_from_profile(prof, cuda: bool | None = None) -> OpGraph:
     results = _private("kineto_results", lambda: prof.profiler.kineto_results)
     roots = _private("experimental_event_tree()", results.experimental_event_tree)
     b = Builder()
-    b.walk(sorted(roots, key=lambda r: r.start_time_ns))
-    b.attention_calls()
+    _private(
+        "event tree fields (extra_fields, correlation_id, caller, allocation_id)",
+        lambda: (b.walk(sorted(roots, key=lambda r: r.start_time_ns)), b.attention_calls()),
+    )
     cuda = torch.cuda.is_available() if cuda is None else cuda
     kernels = (
         [
