@@ -1,50 +1,143 @@
-"""How long the op-graph recorder takes on a ~1e9-parameter step (meta tensors: no data, so the
-time is the recorder's own per-op cost), and the recorded/plain ratio of the example GPT step
-on this machine's device. python benchmarks/capture_overhead.py"""
+"""Capture overhead: a step under each op-graph capture against the plain step, and the seconds
+the graph takes to build afterwards. Captures: "recorder" (capture/opgraph.py, Python dispatch
+modes) and "profiler" (capture/profiled.py, one torch.profiler session: the default).
 
+    PYTHONPATH=src python benchmarks/capture_overhead.py            # GPU: the two cases below
+    PYTHONPATH=src python benchmarks/capture_overhead.py --cpu      # CPU: small real models
+
+GPU cases (bf16, naive variant of fusewise.examples.gpt, per-parameter AdamW loop):
+  demo: GPTConfig(vocab=32768, seq=1024, d_model=1024, heads=16, layers=4, batch=8), the demo's;
+  1b:   GPTConfig(vocab=32768, seq=2048, d_model=2048, heads=16, layers=16, batch=4), 0.94e9
+        parameters.
+Each round runs a plain step, a recorder step and a profiler step, interleaved; the step times
+are medians over the rounds (each step timed from its start to a device sync after it; the
+capture's start is inside, the graph build after it is reported apart as build_s). The table is
+printed last; CSV rows go to $OUT/capture_overhead.csv when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
 import statistics
+import sys
 import time
+import warnings
 
 import torch
 
-from fusewise.capture.opgraph import Recorder
-from fusewise.examples.gpt import GPT, GPTConfig, make_step
+sys.path.insert(0, os.path.dirname(__file__))
+from _rows import commit  # noqa: E402
+
+from fusewise.capture.opgraph import Recorder  # noqa: E402
+from fusewise.capture.profiled import ProfiledCapture  # noqa: E402
+from fusewise.examples.gpt import GPTConfig, make_step  # noqa: E402
+
+GPU_CASES = {
+    "demo": (GPTConfig(vocab=32768, seq=1024, d_model=1024, heads=16, layers=4, batch=8), 5),
+    "1b": (GPTConfig(vocab=32768, seq=2048, d_model=2048, heads=16, layers=16, batch=4), 3),
+}
+CPU_CASES = {
+    "cpu-small": (GPTConfig(), 5),  # the golden graphs' step
+    "cpu-medium": (GPTConfig(vocab=8192, seq=256, d_model=256, heads=8, layers=4, batch=4), 3),
+}
+CAPTURES = {"recorder": Recorder, "profiler": ProfiledCapture}
+
+
+def _sync(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def _captured(capture, step, cuda: bool) -> tuple[float, float, int]:
+    """(step seconds under the capture, graph build seconds, ops in the graph)."""
+    _sync(cuda)
+    t0 = time.perf_counter()
+    cap = capture().__enter__()
+    step()
+    _sync(cuda)
+    t1 = time.perf_counter()
+    cap.__exit__(None, None, None)
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1, len(cap.graph.ops)
+
+
+def measure(name: str, cfg: GPTConfig, rounds: int, cuda: bool) -> list[dict]:
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    step, model, _ = make_step(cfg, variant="naive", device=device, dtype=dtype)
+    params = sum(p.numel() for p in model.parameters())
+    for _ in range(3):
+        step()
+    _sync(cuda)
+    plain, under = [], {k: [] for k in CAPTURES}
+    builds, ops = {k: [] for k in CAPTURES}, {}
+    for _ in range(rounds):
+        t = time.perf_counter()
+        step()
+        _sync(cuda)
+        plain.append(time.perf_counter() - t)
+        for kind, capture in CAPTURES.items():
+            s, b, n = _captured(capture, step, cuda)
+            under[kind].append(s)
+            builds[kind].append(b)
+            ops[kind] = n
+    base = statistics.median(plain)
+    rows = []
+    for kind in CAPTURES:
+        ms = statistics.median(under[kind])
+        rows.append(
+            dict(
+                case=name,
+                capture=kind,
+                params=params,
+                ops=ops[kind],
+                plain_ms=round(base * 1e3, 2),
+                captured_ms=round(ms * 1e3, 2),
+                ratio=round(ms / base, 2),
+                build_s=round(statistics.median(builds[kind]), 2),
+                rounds=rounds,
+                device=torch.cuda.get_device_name() if cuda else "cpu",
+                torch=torch.__version__,
+                commit=commit(),
+            )
+        )
+    del step, model
+    if cuda:
+        torch.cuda.empty_cache()
+    return rows
 
 
 def main():
-    c = GPTConfig(vocab=128256, seq=2048, d_model=2048, heads=16, layers=12, batch=4)
-    with torch.device("meta"):
-        model = GPT(c, "naive")
-    n = sum(p.numel() for p in model.parameters())
-    idx = torch.zeros(c.batch, c.seq, dtype=torch.long, device="meta")
-    t = time.perf_counter()
-    with Recorder() as rec:
-        model(idx, idx).backward()
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cpu", action="store_true", help="small real models on the CPU")
+    ap.add_argument("--cases", nargs="*", help="a subset of the cases, by name")
+    args = ap.parse_args()
+    warnings.simplefilter("ignore")
+    cuda = torch.cuda.is_available() and not args.cpu
+    cases = GPU_CASES if cuda else CPU_CASES
+    rows = []
+    for name, (cfg, rounds) in cases.items():
+        if args.cases and name not in args.cases:
+            continue
+        rows += measure(name, cfg, rounds, cuda)
+        print(f"{name} done", flush=True)
+    if os.environ.get("OUT"):
+        import csv
+
+        path = os.path.join(os.environ["OUT"], "capture_overhead.csv")
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
     print(
-        f"{n / 1e9:.2f}e9-parameter forward+backward: {len(rec.graph.ops)} ops recorded in "
-        f"{time.perf_counter() - t:.2f} s (meta tensors)"
+        f"\n{'case':<11}{'capture':<10}{'params':>9}{'ops':>7}{'plain ms':>10}"
+        f"{'captured ms':>13}{'ratio':>7}{'build s':>9}"
     )
-    cuda = torch.cuda.is_available()
-    step, _, _ = make_step(device="cuda" if cuda else "cpu")
-    for _ in range(3):
-        step()
-    times = []
-    for _ in range(5):
-        t = time.perf_counter()
-        step()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    t = time.perf_counter()
-    with Recorder():
-        step()
-        if cuda:
-            torch.cuda.synchronize()
-    rec_s = time.perf_counter() - t
-    print(
-        f"example step: {statistics.median(times) * 1e3:.1f} ms plain, {rec_s * 1e3:.1f} ms "
-        f"recorded (x{rec_s / statistics.median(times):.2f})"
-    )
+    for r in rows:
+        print(
+            f"{r['case']:<11}{r['capture']:<10}{r['params'] / 1e9:>8.2f}B{r['ops']:>7}"
+            f"{r['plain_ms']:>10.1f}{r['captured_ms']:>13.1f}{r['ratio']:>7.2f}{r['build_s']:>9.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,11 @@ _GENERIC: dict[tuple[str, str | None], str] = {
     ("fusion-chain", "norm"): "torch.compile the norm",
     ("fusion-chain", "optimizer"): "torch.optim.AdamW(fused=True)",
     ("fusion-chain", "cross-entropy"): "torch.compile the loss",
+    ("fusion-chain", "grad-clip"): (
+        "torch.nn.utils.clip_grad_norm_(..., foreach=True) (one _foreach_norm and one "
+        "_foreach_mul_ over all gradients; its default on CUDA tensors only), or "
+        "torch.compile the gradient processing"
+    ),
     ("fusion-chain", "attention"): (
         "torch.nn.functional.scaled_dot_product_attention (flash / memory-efficient)"
     ),

@@ -7,6 +7,25 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+# Which part of the step ran an op:
+# - "backward": inside an autograd node (the ops of loss.backward());
+# - "optimizer": inside a torch Optimizer's step() (outside autograd nodes);
+# - "post-backward": outside both, reading a gradient (a value made in the backward) or a value
+#   made from one: gradient processing such as clip_grad_norm_'s norms and scaling, GradScaler's
+#   unscale_, a manual p.grad.mul_(s). Decided by dataflow, not by call order: with gradient
+#   accumulation the next micro-batch's forward runs after a backward and stays "forward";
+# - "forward": anything else (the forward, the loss, data preparation).
+PHASES = ("forward", "backward", "post-backward", "optimizer")
+
+
+def phase_outside_autograd(in_optimizer: bool, inputs, from_grads: set[int]) -> str:
+    """The phase of an op no autograd node ran: "optimizer" inside an optimizer step, else
+    "post-backward" when it reads a value in from_grads (values made in the backward or in the
+    post-backward; the caller adds the outputs of such ops), else "forward"."""
+    if in_optimizer:
+        return "optimizer"
+    return "post-backward" if any(v in from_grads for v in inputs) else "forward"
+
 
 @dataclass
 class Value:
@@ -28,7 +47,7 @@ class Value:
 class OpRecord:
     index: int
     name: str  # aten overload, e.g. "aten.mm.default"
-    phase: str  # "forward", "backward" or "optimizer"
+    phase: str  # one of PHASES
     inputs: list[int]  # value ids read
     outputs: list[int]  # value ids written (a fresh id for in-place writes)
     flops: float

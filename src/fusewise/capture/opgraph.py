@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import cost
-from . import profiler
+from . import graph, profiler
 from .graph import OpGraph, OpRecord, Value
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -180,6 +180,7 @@ class _Dispatch(TorchDispatchMode):
         else:
             timer = self.rec._start_timer(on_gpu)
             out = func(*args, **kwargs)
+            timer = self.rec._stop_timer(timer)  # before the bookkeeping: only the op is timed
         self.rec._record(func, args, kwargs, out, timer)
         return out
 
@@ -199,6 +200,7 @@ class Recorder:
         self._next = 0
         self._node_lines: dict = {}
         self._in_optimizer = 0
+        self._from_grads: set[int] = set()  # values made in the backward, or from such values
         self._hooks = []
         self._events: list = []
         self._prof = None
@@ -229,7 +231,17 @@ class Recorder:
             return start
         return time.perf_counter()
 
+    @staticmethod
+    def _stop_timer(start):
+        """The op's time in ms on the host clock, or a (start, end) pair of CUDA events."""
+        if isinstance(start, torch.cuda.Event):
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            return start, end
+        return (time.perf_counter() - start) * 1e3
+
     def _record(self, func, args, kwargs, out, timer=None) -> None:
+        """timer: what _stop_timer returned (None: timed by a profiler range)."""
         name, arg_names, arg_writes, is_view = _schema_of(func)
         written = set()
         flat_args = []
@@ -262,19 +274,19 @@ class Recorder:
         if node is not None:
             phase, where = "backward", self._node_lines.get(node, "?")
         else:
-            phase = "optimizer" if self._in_optimizer else "forward"
+            phase = graph.phase_outside_autograd(bool(self._in_optimizer), inputs, self._from_grads)
             where = user_line()
+        if phase in ("backward", "post-backward"):
+            self._from_grads.update(out_ids)
         self.graph.ops.append(
             OpRecord(
                 len(self.graph.ops), name, phase, inputs, out_ids, c.flops, c.bytes, where, is_view
             )
         )
-        if isinstance(timer, torch.cuda.Event):
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._events.append((len(self.graph.ops) - 1, timer, end))
+        if isinstance(timer, tuple):
+            self._events.append((len(self.graph.ops) - 1, *timer))
         elif timer is not None:
-            self.graph.ops[-1].ms = (time.perf_counter() - timer) * 1e3
+            self.graph.ops[-1].ms = timer
 
     def __enter__(self):
         from torch.optim.optimizer import (

@@ -3,7 +3,7 @@
 Counting step ends: the first `warmup` steps run untouched, the next `steps` are timed (median =
 the baseline; the allocator's peak on a GPU), the next `steps` run under torch.profiler (time per
 op; on a GPU the timeline of idle gaps; the lines that take DataLoader batches), and the next one
-under the op-graph recorder (dataflow, bytes, FLOPs, source lines, each GPU op's device time):
+under the op-graph capture (dataflow, bytes, FLOPs, source lines, each GPU op's device time):
 warmup + 2·steps + 1 steps in all. A step is timed from the end of the one before (after a
 device sync), so it includes whatever the loop does between steps. The profiled steps run back
 to back, without a sync between them, as in the user's loop.
@@ -15,6 +15,7 @@ True once the Observation is complete.
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -24,13 +25,30 @@ from . import profiler
 from .loader import loader_lines
 from .observation import Observation
 from .opgraph import Recorder
+from .profiled import ProfiledCapture
 from .timeline import op_times, timeline_from_profiler
+
+# How the recorded step becomes an op graph: "profiler" (one torch.profiler session, light enough
+# to leave on: capture/profiled.py) or "recorder" (the Python dispatch-mode recorder:
+# capture/opgraph.py). FUSEWISE_CAPTURE overrides the default.
+CAPTURES = {"profiler": ProfiledCapture, "recorder": Recorder}
+DEFAULT_CAPTURE = "profiler"
+
+
+def capture_kind(capture: str | None = None) -> str:
+    kind = capture or os.environ.get("FUSEWISE_CAPTURE") or DEFAULT_CAPTURE
+    if kind not in CAPTURES:
+        raise ValueError(f"capture must be one of {sorted(CAPTURES)}, got {kind!r}")
+    return kind
 
 
 class StepSchedule:
-    def __init__(self, steps: int, warmup: int, *, cuda: bool | None = None):
+    def __init__(
+        self, steps: int, warmup: int, *, cuda: bool | None = None, capture: str | None = None
+    ):
         if steps < 1 or warmup < 0:
             raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+        self.capture = capture_kind(capture)
         self.steps, self.warmup = steps, warmup
         self.cuda = torch.cuda.is_available() if cuda is None else cuda
         self.ends = 0
@@ -89,7 +107,7 @@ class StepSchedule:
             self._loader_cm.__exit__(None, None, None)
             self._loader_cm = None
             self._read_profile()
-            self._recorder = Recorder().__enter__()
+            self._recorder = CAPTURES[self.capture]().__enter__()
         if k == w + 2 * s + 1:
             self._recorder.__exit__(None, None, None)
             self.graph, self._recorder = self._recorder.graph, None

@@ -129,9 +129,16 @@ def kernel_gaps(prof) -> dict[tuple[str, str], list[float]]:
 def op_times(prof, steps: int, cuda: bool) -> dict[str, float]:
     """ms per step for each profiler op name: device time when the step ran on the GPU; CPU
     time for a CPU step (also when a GPU is present but the step never used it)."""
-    events = prof.key_averages()
-    on_device = cuda and sum(e.device_time_total for e in events) > 0
+    return self_times(prof.key_averages(), steps, cuda)
+
+
+def self_times(events, steps: int, cuda: bool) -> dict[str, float]:
+    """ms per step per name from key_averages() rows, counting each op's *self* time: the
+    inclusive totals count a child's kernels again under its parent (aten::linear's would repeat
+    aten::addmm's), so the shares of a step summed to 111-189%; self times partition it."""
+    events = list(events)
+    on_device = cuda and sum(e.self_device_time_total for e in events) > 0
     return {
-        e.key: (e.device_time_total if on_device else e.self_cpu_time_total) / 1e3 / steps
+        e.key: (e.self_device_time_total if on_device else e.self_cpu_time_total) / 1e3 / steps
         for e in events
     }

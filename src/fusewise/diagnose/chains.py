@@ -144,6 +144,8 @@ def _pattern(ops: list[OpRecord]) -> str:
     names = " ".join(op.name for op in ops)
     if ops[0].phase == "optimizer":
         return "optimizer"
+    if ops[0].phase == "post-backward":  # gradient processing: clip_grad_norm_'s norms, scaling
+        return "grad-clip"
     if any(s in names for s in ("log_softmax", "nll_loss", "logsumexp", "cross_entropy")):
         return "cross-entropy"
     if "._softmax" in names or ".softmax" in names:  # a softmax that is not a log-softmax

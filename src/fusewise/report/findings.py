@@ -16,7 +16,7 @@ KINDS = (
     "matmul-precision",
     "matmul-shape",
 )
-PATTERNS = ("norm", "optimizer", "cross-entropy", "attention", "elementwise", "other")
+PATTERNS = ("norm", "optimizer", "grad-clip", "cross-entropy", "attention", "elementwise", "other")
 
 
 @dataclass

@@ -1,0 +1,141 @@
+"""Light capture, the default (StepSchedule(capture="profiler"); "recorder" or
+FUSEWISE_CAPTURE=recorder selects capture/opgraph.py's Python recorder): the op graph of a step
+from ONE torch.profiler session (record_shapes, profile_memory, with_stack), not from Python
+dispatch modes, whose per-op cost alone makes a launch-bound step 2.6x slower on the H200.
+
+Read from the profiler's event tree (`kineto_results.experimental_event_tree()`, private; a
+change fails naming the torch version) by capture/_event_graph.py:
+- ops: the outermost aten ops the dispatcher ran below autograd, as the recorder sees them (an
+  op that is only a CompositeImplicitAutograd decomposition, aten::linear, is replaced by the ops
+  it ran, aten::t and aten::mm); the overload from the recorded arguments (_event_schemas.py);
+- phases: in an autograd node's range "backward", attributed to the line of the forward op of
+  the same sequence number; between the markers torch's optimizer hooks leave, "optimizer";
+  otherwise by dataflow (graph.phase_outside_autograd);
+- values: a tensor object is its TensorImpl address and storage allocation; a write (schema
+  mutability) makes a new value; outputs are not recorded, so a value first read later is
+  credited to the op that allocated its storage, or, for a view, to a view op of that storage; a
+  tensor saved for the backward comes back as a new object with the layout it had: that value;
+- lines: the caller line of the innermost call from user code; for operator slots, inferred
+  from the frame's calls and the statement's AST (_event_lines.py);
+- times: each op's kernels joined by correlation id (device time); on the CPU its host time.
+Where it differs from the recorder's graph, and why: tests/test_capture_profiled.py
+(_DIFFERENCES) and docs/DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from . import profiler
+from ._event_graph import _OPT_BEGIN, _OPT_END, Builder
+from .graph import OpGraph
+
+
+def _private(what: str, fn):
+    try:
+        return fn()
+    except (AttributeError, ImportError, TypeError) as e:
+        raise RuntimeError(
+            f"capture='profiler' needs torch.profiler's {what}, which torch "
+            f"{torch.__version__} does not offer as fusewise expects ({e}); use the Python "
+            "recorder: FUSEWISE_CAPTURE=recorder (or capture='recorder')"
+        ) from e
+
+
+def start(cuda: bool) -> torch.profiler.profile:
+    """A started session recording what the graph needs."""
+    from torch.profiler import ProfilerActivity
+
+    config = _private(
+        "_ExperimentalConfig(capture_overload_names=True)",
+        lambda: torch.profiler._ExperimentalConfig(capture_overload_names=True),
+    )
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    prof = torch.profiler.profile(
+        activities=acts,
+        record_shapes=True,
+        profile_memory=True,
+        with_stack=True,
+        experimental_config=config,
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events")
+        prof.__enter__()
+    return prof
+
+
+def graph_from_profile(prof, cuda: bool | None = None) -> OpGraph:
+    """The op graph of the steps a stopped session saw (read before its results are freed).
+    cuda: whether the session recorded CUDA kernels (default: CUDA is available)."""
+    results = _private("kineto_results", lambda: prof.profiler.kineto_results)
+    roots = _private("experimental_event_tree()", results.experimental_event_tree)
+    b = Builder()
+    _private(
+        "event tree fields (extra_fields, correlation_id, caller, allocation_id)",
+        lambda: (b.walk(sorted(roots, key=lambda r: r.start_time_ns)), b.attention_calls()),
+    )
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    kernels = (
+        [
+            (e.linked_correlation_id(), e.duration_ns() / 1e3)
+            for e in results.events()
+            if e.device_type() == torch.autograd.DeviceType.CUDA and e.linked_correlation_id() > 0
+        ]
+        if cuda
+        else []
+    )
+    graph = b.finish(kernels)
+    graph_from_profile.unmatched = b.unmatched  # the last build's, for tests and debugging
+    return graph
+
+
+def _mark(name: str):
+    def hook(*_):
+        with torch.profiler.record_function(name):  # an instant on the profiler's clock
+            pass
+
+    return hook
+
+
+class ProfiledCapture:
+    """with ProfiledCapture() as cap: step()  ->  cap.graph, as with opgraph.Recorder."""
+
+    def __init__(self, cuda: bool | None = None):
+        self.cuda = torch.cuda.is_available() if cuda is None else cuda
+        self.graph: OpGraph | None = None
+        self._prof = None
+        self._hooks: list = []
+
+    def __enter__(self):
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        # optimizer steps marked as the recorder marks them: through torch's global hooks
+        self._hooks = [
+            register_optimizer_step_pre_hook(_mark(_OPT_BEGIN)),
+            register_optimizer_step_post_hook(_mark(_OPT_END)),
+        ]
+        self._prof = start(self.cuda)
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._hooks:
+            h.remove()
+        if self.cuda:
+            torch.cuda.synchronize()
+        profiler.stop(self._prof)
+        try:
+            if exc[0] is None:
+                self.graph = graph_from_profile(self._prof, self.cuda)
+        finally:
+            # kineto's results freed now (profiler.py says why), without parsing them into
+            # FunctionEvents first as profiler.release does: nothing here reads those, and with
+            # stacks that parse is slow
+            self._prof.profiler.kineto_results = None
+            self._prof = None
+            profiler.collect()
+        return False
