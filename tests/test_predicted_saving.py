@@ -30,8 +30,10 @@ def _chain_graph(ms: float, phase: str = "forward") -> OpGraph:
     return OpGraph(ops, values)
 
 
-def _obs(graph, timeline=None, median_ms=10.0):
-    return types.SimpleNamespace(graph=graph, timeline=timeline, median_ms=median_ms)
+def _obs(graph, timeline=None, median_ms=10.0, op_ms=None):
+    return types.SimpleNamespace(
+        graph=graph, timeline=timeline, median_ms=median_ms, op_ms=op_ms or {}
+    )
 
 
 def test_without_times_the_byte_model_is_the_prediction():
@@ -146,3 +148,33 @@ def test_kernel_gaps_joins_kernels_to_their_op_and_phase():
 def test_kernel_gaps_without_kineto_results_is_empty():
     prof = types.SimpleNamespace(profiler=types.SimpleNamespace(kineto_results=None))
     assert kernel_gaps(prof) == {}
+
+
+def test_cpu_times_are_scaled_per_op_name_to_the_profiled_steps():
+    # on the CPU the recorder's per-op overhead inflated small ops 2-5x (a Llama's _log_softmax:
+    # 8.8 ms recorded, 3.1 ms profiled) and the predicted saving exceeded its ops' time
+    g = _chain_graph(ms=0.5)
+    op_ms = {"aten::mul": 0.1, "aten::add": 0.25}  # no profiled aten::exp: kept as recorded
+    t = _measured.timing(_obs(g, op_ms=op_ms))
+    assert t.name_scale == {"aten::mul": pytest.approx(0.2), "aten::add": pytest.approx(0.5)}
+    (f,) = find_chains(g, H200, t)
+    fused = 2 * 64 * MB / (H200.bandwidth_GBps * 1e9 * T.FUSED_KERNEL_EFFICIENCY) * 1e3
+    assert f.evidence["removed_ops_ms"] == pytest.approx(0.1 + 0.25 + 0.5, abs=1e-4)
+    assert f.est_saving_ms == pytest.approx(0.85 - fused)
+    # the "ops now" check is on the same clock: the prediction stays below it
+    assert f.evidence["measured_ms_unfused"] == pytest.approx(0.85)
+
+
+def test_a_scale_above_one_keeps_the_saving_below_the_ops_time_shown():
+    g = _chain_graph(ms=0.5)  # 1.5 ms recorded; profiled 3 x 700 us per step: scale 1.4
+    t = _measured.timing(_obs(g, _timeline(700.0, {}), median_ms=2.1))
+    assert t.scale == pytest.approx(1.4)
+    (f,) = find_chains(g, H200, t)
+    assert f.evidence["measured_ms_unfused"] == pytest.approx(2.1)
+    assert f.est_saving_ms < f.evidence["measured_ms_unfused"]
+
+
+def test_busy_time_does_not_depend_on_the_order_of_the_kernels():
+    tl = _timeline(400.0, {})
+    shuffled = dataclasses.replace(tl, device=list(reversed(tl.device)))
+    assert _measured._busy_ms(shuffled) == pytest.approx(_measured._busy_ms(tl)) == 1.2

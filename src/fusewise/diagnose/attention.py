@@ -100,7 +100,7 @@ def find_attention_fallback(graph: OpGraph, ceil, timing=None) -> list[Finding]:
                     mask=calls[0]["mask"],
                     bytes_as_written=written,
                     fused_minimum_bytes=minimum,
-                    measured_ms=sum(op.ms for op in ops),
+                    measured_ms=sum(timing.op_ms(op) if timing else op.ms for op in ops),
                     **estimate,
                 ),
             )

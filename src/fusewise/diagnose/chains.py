@@ -244,7 +244,8 @@ def find_chains(graph: OpGraph, ceilings, timing: _measured.Timing | None = None
                 parts=[],
             ),
         )
-        m["ms"] += sum(op.ms for op in ops)
+        # on the clock of the prediction (the scaled times), so the two columns compare
+        m["ms"] += sum(timing.op_ms(op) if timing else op.ms for op in ops)
         m["saving_ms"] += saving_ms
         if measured is not None:
             m["parts"].append(measured)
@@ -286,8 +287,8 @@ def find_chains(graph: OpGraph, ceilings, timing: _measured.Timing | None = None
                     bytes_fused_minimum=m["minimum"],
                     largest_intermediate_bytes=m["largest"],
                     op_names=sorted(m["names"]),
-                    # the check on the prediction: what the unfused ops took in the recorded
-                    # step, and the fused kernel's floor at the measured bandwidth
+                    # the check on the prediction: what the unfused ops take in the step (the
+                    # recorded times, scaled as the prediction's), and the fused kernel's floor
                     measured_ms_unfused=m["ms"],
                     fused_floor_ms=m["minimum"] / (bandwidth_GBps * 1e9) * 1e3,
                     **_estimate(m["parts"], timing, avoidable / (bandwidth_GBps * 1e6)),
