@@ -178,3 +178,39 @@ def test_busy_time_does_not_depend_on_the_order_of_the_kernels():
     tl = _timeline(400.0, {})
     shuffled = dataclasses.replace(tl, device=list(reversed(tl.device)))
     assert _measured._busy_ms(shuffled) == pytest.approx(_measured._busy_ms(tl)) == 1.2
+
+
+def test_a_measured_chain_with_nothing_to_gain_is_not_reported():
+    # 3 ops of 1 us each: the fused kernel (128 MiB at 60% of the ceiling) takes longer
+    g = _chain_graph(ms=0.001)
+    assert find_chains(g, H200, _measured.timing(_obs(g))) == []
+    assert len(find_chains(g, H200, None)) == 1  # the byte model alone would report it
+
+
+def test_broken_op_times_count_as_none():
+    g = _chain_graph(ms=0.5)
+    g.ops[1].ms = float("nan")
+    g.ops[2].ms = -5.0
+    t = _measured.timing(_obs(g))
+    assert t.op_ms(g.ops[1]) == 0.0 and t.op_ms(g.ops[2]) == 0.0
+    (f,) = find_chains(g, H200, t)
+    assert f.evidence["removed_ops_ms"] == pytest.approx(0.5)
+
+
+def test_a_math_path_attention_calls_forward_ops_are_not_a_chain_too():
+    g = _chain_graph(ms=0.5)
+    g.attention = [dict(where="model.py:7", ops=[0, 3], kernel=None)]
+    assert find_chains(g, H200, _measured.timing(_obs(g))) == []
+    g.attention[0]["kernel"] = "aten._flash_attention_forward.default"  # a fused call: no fallback
+    assert len(find_chains(g, H200, _measured.timing(_obs(g)))) == 1
+
+
+def test_cpu_name_scales_far_from_one_keep_the_recorded_times():
+    g = _chain_graph(ms=0.5)
+    # the profile puts mul's time elsewhere (ratio 0.01) and add's at 0.4 of the recording
+    obs = types.SimpleNamespace(
+        graph=g, timeline=None, median_ms=10.0, op_ms={"aten::mul": 0.005, "aten::add": 0.2}
+    )
+    t = _measured.timing(obs)
+    assert t.name_scale == {"aten::add": pytest.approx(0.4)}
+    assert t.op_ms(g.ops[0]) == pytest.approx(0.5) and t.op_ms(g.ops[1]) == pytest.approx(0.2)

@@ -18,6 +18,7 @@ the profiled steps: the idle before each kernel, under the (phase, aten op) that
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -45,6 +46,8 @@ class Timing:
     name_scale: dict[str, float] = field(default_factory=dict)
 
     def op_ms(self, op: OpRecord) -> float:
+        if not 0.0 < op.ms < math.inf:  # no time, or a broken one (negative, NaN): none
+            return 0.0
         return op.ms * self.name_scale.get(profiler_name(op.name), self.scale)
 
     def op_gap_ms(self, op: OpRecord) -> float:
@@ -71,7 +74,7 @@ def timing(obs) -> Timing | None:
             source="recorded step (host time per op, scaled per op name to the profiled steps)",
             name_scale=_name_scales(graph, obs.op_ms),
         )
-    recorded = sum(op.ms for op in graph.ops if not op.is_view)
+    recorded = sum(op.ms for op in graph.ops if not op.is_view and 0.0 < op.ms < math.inf)
     busy = _busy_ms(tl)
     scale = busy / recorded if recorded > 0 and busy > 0 else 1.0
     # beyond these, the two steps did different work: keep the recorded times as they are
@@ -99,9 +102,16 @@ def _name_scales(graph: OpGraph, op_ms: dict[str, float]) -> dict[str, float]:
     name the profile lacks keeps its recorded times (scale 1)."""
     recorded: Counter = Counter()
     for op in graph.ops:
-        if not op.is_view and op.ms > 0:
+        if not op.is_view and 0.0 < op.ms < math.inf:
             recorded[profiler_name(op.name)] += op.ms
-    return {n: op_ms[n] / ms for n, ms in recorded.items() if op_ms.get(n, 0) > 0}
+    # a ratio far from 1 means the two profiles put the time under different names (a cast's
+    # time under its copy_ child, say): such a name keeps its recorded times
+    low, high = T.NAME_SCALE_RANGE
+    return {
+        n: op_ms[n] / ms
+        for n, ms in recorded.items()
+        if op_ms.get(n, 0) > 0 and low <= op_ms[n] / ms <= high
+    }
 
 
 def _busy_ms(tl) -> float:

@@ -205,6 +205,12 @@ def find_chains(graph: OpGraph, ceilings, timing: _measured.Timing | None = None
     bandwidth_GBps = ceilings.bandwidth_GBps
     gr = _Graph(graph)
     kinds = {op.index: _kind(op, ceilings.ridge) for op in graph.ops}
+    # the forward ops of a scaled_dot_product_attention call run on torch's math path are the
+    # attention-fallback finding's (fixed by a fused backend): not a chain's as well
+    for call in graph.attention:
+        if call.get("kernel") is None:
+            for i in range(*call["ops"]):
+                kinds[i] = "skip"
     merged: dict[tuple[str, str, str], dict] = {}
     for comp in _components(gr, kinds):
         chain = _attach_matmuls(gr, comp, kinds)
@@ -266,6 +272,7 @@ def find_chains(graph: OpGraph, ceilings, timing: _measured.Timing | None = None
         if (
             avoidable < T.CHAIN_MIN_AVOIDABLE_BYTES
             or m["written"] < T.CHAIN_MIN_RATIO * m["minimum"]
+            or (timing is not None and m["saving_ms"] <= 0)  # measured: nothing to gain
         ):
             continue
         findings.append(

@@ -29,6 +29,10 @@ FUSED_KERNEL_EFFICIENCY = 0.6
 # device-busy times; a ratio outside this range means the two steps did different work, and
 # the recorded times are kept as measured.
 TIME_SCALE_RANGE = (0.5, 1.5)
+# On a CPU each op name's recorded host time is put on the profiled steps' self time of that
+# name: the Python recorder's per-op overhead inflated small ops 2-5x. Beyond this range the
+# two profiles put the time under different names, and the recorded times are kept.
+NAME_SCALE_RANGE = (0.15, 1.5)
 
 # Timeline gaps (diagnose/timeline.py). A gap between device intervals shorter than this is the
 # GPU waiting for the next launch: eager PyTorch spends some 5-30 us of host time per op, so a
