@@ -9,24 +9,8 @@ from .. import cost
 from . import graph as graph_mod
 from ._event_lines import caller_line, frame_shown, resolve_slots
 from ._event_schemas import MULTI_VIEWS, decomposed, meta, overload
-from .graph import OpGraph, OpRecord, Value
-from .opgraph import _FUSED_SDPA
-
-_OPT_BEGIN, _OPT_END = "fusewise.optimizer.begin", "fusewise.optimizer.end"
-
-
-def _optimizer_ranges(marks) -> list[tuple[int, int, int]]:
-    """(thread, start, end) of each optimizer step from the markers its hooks left; a step still
-    running when the session stopped (the script runner ends a step in optimizer.step()'s
-    hook) lasts to the end. torch's own "Optimizer.step#" ranges are not used: a session that
-    starts or stops inside one records it with a wrong end."""
-    ranges, open_at = [], {}
-    for t, tid, begin in sorted(marks):
-        if begin:
-            open_at[tid] = t
-        elif tid in open_at:
-            ranges.append((tid, open_at.pop(tid), t))
-    return ranges + [(tid, t, 2**63) for tid, t in open_at.items()]
+from .graph import OpGraph, OpRecord, Value, attention_call
+from .profiler import OPT_BEGIN, OPT_END, optimizer_ranges
 
 
 class Builder:
@@ -47,11 +31,9 @@ class Builder:
         self.optimizer_ranges: list[tuple[int, int, int]] = []  # (thread, start, end)
         self.unmatched: dict[str, int] = {}  # op names no schema matched (counted, walked into)
         self._shown: dict[str, str | None] = {}  # frame name -> how its file is shown
-        self.alloc_time: dict[int, int] = {}
+        self.alloc_time: dict[int, int] = {}  # allocation id -> when (ns)
         self.kept: dict[int, dict[int, int]] = {}  # op -> allocations it made and kept: bytes
-        self.credited: set[int] = (
-            set()
-        )  # allocations some value read later was made in  # allocation id -> when (ns)
+        self.credited: set[int] = set()  # allocations some value read later was made in
         self._pending: list[tuple] = []  # user frames whose slot ops' lines are still open
         self.where_cells: list[list] = []  # per op: its [line], filled once frames resolve
         self.sdpa: list[tuple] = []  # (event, line cell) of each scaled_dot_product_attention
@@ -112,7 +94,7 @@ class Builder:
         found: list = []
         for r in roots:
             self._visit(r, [], "forward", None, found)
-        self.optimizer_ranges = _optimizer_ranges(self.optimizer_marks)
+        self.optimizer_ranges = optimizer_ranges(self.optimizer_marks)
         for e, op, line, phase, seq in sorted(found, key=lambda f: f[0].start_time_ns):
             if phase != "backward" and any(
                 tid == e.start_tid and t0 <= e.start_time_ns <= t1
@@ -181,8 +163,8 @@ class Builder:
         name = e.name
         if ex.scope == self.scope.BACKWARD_FUNCTION or name.startswith("autograd::engine"):
             phase, seq = "backward", ex.sequence_number
-        elif name in (_OPT_BEGIN, _OPT_END):
-            self.optimizer_marks.append((e.start_time_ns, e.start_tid, name == _OPT_BEGIN))
+        elif name in (OPT_BEGIN, OPT_END):
+            self.optimizer_marks.append((e.start_time_ns, e.start_tid, name == OPT_BEGIN))
         if "::" not in name or name.startswith(("autograd::", "profiler::", "torch::autograd::")):
             for c in e.children:
                 self._visit(c, pystack, phase, seq, _events)
@@ -302,20 +284,14 @@ class Builder:
             args = list(e.extra_fields.inputs) + [None] * 8
             q, mask = args[0], args[3]
             self.graph.attention.append(
-                dict(
-                    where=cell[0] or "?",
-                    ops=[inside[0], inside[-1] + 1] if inside else [0, 0],
-                    kernel=next(
-                        (op.name for op in ops if any(f in op.name for f in _FUSED_SDPA)), None
-                    ),
-                    shape=list(q.sizes),
-                    dtype=str(q.dtype).replace("torch.", ""),
-                    device=q.device.type,
-                    mask=None
-                    if not hasattr(mask, "sizes")
-                    else f"{str(mask.dtype).replace('torch.', '')} {list(mask.sizes)}",
-                    dropout=float(args[4] or 0.0),
-                    is_causal=bool(args[5]),
+                attention_call(
+                    cell[0] or "?",
+                    ops,
+                    *([inside[0], inside[-1] + 1] if inside else [0, 0]),
+                    q,
+                    mask if hasattr(mask, "sizes") else None,
+                    args[4],
+                    args[5],
                 )
             )
 

@@ -106,3 +106,31 @@ class OpGraph:
             for v in d["values"]
         }
         return cls([OpRecord(**o) for o in d["ops"]], values, d.get("attention", []))
+
+
+# the aten ops of scaled_dot_product_attention's fused backends (flash, memory-efficient, cuDNN)
+FUSED_SDPA = ("_flash_attention", "_efficient_attention", "_cudnn_attention")
+
+
+def attention_call(where, ops, start, end, q, mask, dropout, is_causal) -> dict:
+    """One graph.attention entry: the call's line, the range of ops it ran, the fused op that ran
+    it (None: torch's math path) and its arguments. q and mask: anything with .dtype, .device
+    and a shape (a tensor's .shape, the profiler's .sizes); mask None when there is none."""
+
+    def dims(t):
+        return list(getattr(t, "shape", None) or getattr(t, "sizes", ()))
+
+    def dtype(t):
+        return str(t.dtype).replace("torch.", "")
+
+    return dict(
+        where=where,
+        ops=[start, end],
+        kernel=next((op.name for op in ops if any(f in op.name for f in FUSED_SDPA)), None),
+        shape=dims(q),
+        dtype=dtype(q),
+        device=q.device.type,
+        mask=None if mask is None else f"{dtype(mask)} {dims(mask)}",
+        dropout=float(dropout or 0.0),
+        is_causal=bool(is_causal),
+    )

@@ -23,7 +23,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import cost
 from . import graph, profiler
-from .graph import OpGraph, OpRecord, Value
+from .graph import OpGraph, OpRecord, Value, attention_call
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 # ops whose schema says "new tensor" but which return a view of their input's storage
@@ -117,7 +117,6 @@ _SDPA = (
     torch.nn.functional.scaled_dot_product_attention,
     torch._C._nn.scaled_dot_product_attention,
 )
-_FUSED_SDPA = ("_flash_attention", "_efficient_attention", "_cudnn_attention")
 
 
 class _AttentionCalls(TorchFunctionMode):
@@ -138,20 +137,15 @@ class _AttentionCalls(TorchFunctionMode):
         q = args[0]
         mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
         self.rec.graph.attention.append(
-            dict(
-                where=user_line(),
-                ops=[start, len(self.rec.graph.ops)],
-                kernel=next(
-                    (op.name for op in ops if any(f in op.name for f in _FUSED_SDPA)), None
-                ),
-                shape=list(q.shape),
-                dtype=str(q.dtype).replace("torch.", ""),
-                device=q.device.type,
-                mask=None
-                if mask is None
-                else f"{str(mask.dtype).replace('torch.', '')} {list(mask.shape)}",
-                dropout=float(kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)),
-                is_causal=bool(kwargs.get("is_causal", args[5] if len(args) > 5 else False)),
+            attention_call(
+                user_line(),
+                ops,
+                start,
+                len(self.rec.graph.ops),
+                q,
+                mask,
+                kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0),
+                kwargs.get("is_causal", args[5] if len(args) > 5 else False),
             )
         )
         return out

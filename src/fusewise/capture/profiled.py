@@ -29,7 +29,7 @@ import warnings
 import torch
 
 from . import profiler
-from ._event_graph import _OPT_BEGIN, _OPT_END, Builder
+from ._event_graph import Builder
 from .graph import OpGraph
 
 
@@ -91,14 +91,6 @@ def graph_from_profile(prof, cuda: bool | None = None) -> OpGraph:
     return graph
 
 
-def _mark(name: str):
-    def hook(*_):
-        with torch.profiler.record_function(name):  # an instant on the profiler's clock
-            pass
-
-    return hook
-
-
 class ProfiledCapture:
     """with ProfiledCapture() as cap: step()  ->  cap.graph, as with opgraph.Recorder."""
 
@@ -109,16 +101,8 @@ class ProfiledCapture:
         self._hooks: list = []
 
     def __enter__(self):
-        from torch.optim.optimizer import (
-            register_optimizer_step_post_hook,
-            register_optimizer_step_pre_hook,
-        )
-
         # optimizer steps marked as the recorder marks them: through torch's global hooks
-        self._hooks = [
-            register_optimizer_step_pre_hook(_mark(_OPT_BEGIN)),
-            register_optimizer_step_post_hook(_mark(_OPT_END)),
-        ]
+        self._hooks = profiler.mark_optimizer_steps()
         self._prof = start(self.cuda)
         return self
 

@@ -51,3 +51,65 @@ def collect() -> None:
     session (the recorder's; faulthandler showed "Garbage-collecting" in the segfaulting frame),
     in tests/test_cli.py about one run in two, at this commit's parent and before the refactor."""
     gc.collect()
+
+
+# Optimizer steps, marked through torch's global optimizer hooks as instants on the profiler's
+# clock. torch's own "Optimizer.step#" ranges are not used: a session that starts or stops inside
+# one (the script runner ends a step, and starts or stops a session, in optimizer.step()'s post
+# hook) records it with a wrong end.
+OPT_BEGIN, OPT_END = "fusewise.optimizer.begin", "fusewise.optimizer.end"
+
+
+_marking = 0  # sessions that want the markers now
+_hooks_registered = False
+
+
+def _mark(name: str):
+    def hook(*_):
+        if _marking:
+            with torch.profiler.record_function(name):  # an instant on the profiler's clock
+                pass
+
+    return hook
+
+
+class _Marking:
+    def remove(self) -> None:
+        global _marking
+        if self._on:
+            self._on, _marking = False, _marking - 1
+
+    def __init__(self):
+        global _marking
+        self._on, _marking = True, _marking + 1
+
+
+def mark_optimizer_steps() -> list:
+    """Mark optimizer steps until .remove() is called on each handle returned. The two global
+    hooks are registered once per process and left in place, emitting only while some session
+    wants them: registering or removing a global optimizer hook inside another one's call (a
+    script's step ends in optimizer.step()'s post hook, where sessions start and stop) breaks
+    torch's loop over them ("OrderedDict mutated during iteration")."""
+    global _hooks_registered
+    if not _hooks_registered:
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        register_optimizer_step_pre_hook(_mark(OPT_BEGIN))
+        register_optimizer_step_post_hook(_mark(OPT_END))
+        _hooks_registered = True
+    return [_Marking()]
+
+
+def optimizer_ranges(marks) -> list[tuple[int, int, int]]:
+    """(thread, start, end) of each optimizer step from (time, thread, is a begin) markers; a
+    step still running when the session stopped lasts to the end."""
+    ranges, open_at = [], {}
+    for t, tid, begin in sorted(marks):
+        if begin:
+            open_at[tid] = t
+        elif tid in open_at:
+            ranges.append((tid, open_at.pop(tid), t))
+    return ranges + [(tid, t, 2**63) for tid, t in open_at.items()]

@@ -57,6 +57,7 @@ class StepSchedule:
         self.op_ms, self.timeline, self.loader_lines = None, None, None
         self.graph, self.captured_ms, self.matmul_settings = None, None, None
         self._prof = self._loader_cm = self._recorder = None
+        self._marks: list = []  # optimizer-step marker hooks while the profiled steps run
         self._t = None
 
     @property
@@ -79,6 +80,11 @@ class StepSchedule:
 
     def start(self) -> None:
         """The first step starts now (timed from here when warmup is 0)."""
+        # optimizer steps marked for the timeline's phases, from now until close(): taken here,
+        # before any step, so that the hooks are in place before a script's first
+        # optimizer.step() (profiler.mark_optimizer_steps says why that matters)
+        self._unmark()
+        self._marks = profiler.mark_optimizer_steps()
         if self.warmup == 0:
             self._begin_timing()
         self._t = time.perf_counter()
@@ -154,8 +160,14 @@ class StepSchedule:
                     pass
         if self._prof is not None:
             profiler.release(self._prof)
+        self._unmark()
         self._prof = self._loader_cm = self._recorder = None
         profiler.collect()
+
+    def _unmark(self) -> None:
+        for h in self._marks:
+            h.remove()
+        self._marks = []
 
     def _begin_timing(self) -> None:
         if self.cuda:

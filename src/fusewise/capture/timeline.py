@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import profiler
+
 _SYNC_CALLS = (
     "cudaStreamSynchronize",
     "cudaDeviceSynchronize",
@@ -34,11 +36,18 @@ class Timeline:
 
 # torch.optim wraps every Optimizer.step in a profiler range of this name
 _OPTIMIZER_RANGE = "Optimizer.step#"
+_MARKS = (profiler.OPT_BEGIN, profiler.OPT_END)
 # Profiler ranges (record_function) that kineto also shows on the device, spanning the kernels
 # launched inside them: not kernels. Counted as device work, Optimizer.step's range hid every
 # launch gap of a per-parameter optimizer loop (the H200 showed 0 ms of gaps where the loop's
 # idle was most of an 8.6 ms saving).
-_RANGES = (_OPTIMIZER_RANGE, "ProfilerStep#", "fusewise.op#", "enumerate(DataLoader)")
+_RANGES = (
+    _OPTIMIZER_RANGE,
+    "ProfilerStep#",
+    "fusewise.op#",
+    "fusewise.optimizer.",
+    "enumerate(DataLoader)",
+)
 
 
 def _annotation(name: str) -> bool:
@@ -85,28 +94,30 @@ def kernel_gaps(prof) -> dict[tuple[str, str], list[float]]:
 
     Kernels are joined to their op through the profiler's correlation ids (a kernel's linked
     correlation id is its launching op's id), read from the raw kineto events before the
-    session's results are freed. Phase: "optimizer" inside an Optimizer.step range; "backward"
-    on a thread other than the one that ran the optimizer (autograd runs the backward on a
-    device thread); else "forward". Empty when the kineto results are gone or their API
+    session's results are freed. Phase: "optimizer" between the optimizer-step markers
+    (profiler.mark_optimizer_steps, registered while the profiled steps run); "backward" on a
+    thread other than the one that ran the optimizer (autograd runs the backward on a device
+    thread); else "forward". Empty when the kineto results are gone or their API
     differs (the estimate then goes without launch gaps)."""
     inner = getattr(prof, "profiler", None) or prof
     results = getattr(inner, "kineto_results", None)
     try:
         events = list(results.events()) if results is not None else []
-        ops, kernels, ranges = {}, [], []
+        ops, kernels, marks = {}, [], []
         for e in events:
             name = e.name()
             if e.device_type() == torch.autograd.DeviceType.CUDA:
                 if _annotation(name) or getattr(e, "is_user_annotation", lambda: False)():
                     continue
                 kernels.append((e.start_ns() / 1e3, e.end_ns() / 1e3, e.linked_correlation_id()))
-            elif name.startswith(_OPTIMIZER_RANGE):
-                ranges.append((e.start_ns() / 1e3, e.end_ns() / 1e3, e.start_thread_id()))
+            elif name in _MARKS:
+                marks.append((e.start_ns(), e.start_thread_id(), name == profiler.OPT_BEGIN))
             elif name.startswith("aten::"):
-                ops[e.correlation_id()] = (name, e.start_ns() / 1e3, e.start_thread_id())
+                ops[e.correlation_id()] = (name, e.start_ns(), e.start_thread_id())
     except (AttributeError, RuntimeError, TypeError):
         return {}
-    main = {t for _, _, t in ranges}
+    ranges = profiler.optimizer_ranges(marks)
+    main = {t for t, _, _ in ranges}
     out: dict[tuple[str, str], list[float]] = {}
     cursor = None
     for start, end, link in sorted(kernels):
@@ -116,7 +127,7 @@ def kernel_gaps(prof) -> dict[tuple[str, str], list[float]]:
         if op is None:
             continue
         name, at, thread = op
-        if any(r0 <= at <= r1 and t == thread for r0, r1, t in ranges):
+        if any(t == thread and r0 <= at <= r1 for t, r0, r1 in ranges):
             phase = "optimizer"
         elif main and thread not in main:
             phase = "backward"
