@@ -23,7 +23,7 @@ from .._launch import round_to as _round
 @triton.jit
 def _rotate_heads(
     X,
-    O,
+    OUT,
     stride_xh,
     stride_xd,
     stride_oh,
@@ -41,20 +41,20 @@ def _rotate_heads(
     HAS_TAIL: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    """Rotates the n_heads heads of one (b, s) row; X, O point at the row's head 0, feature 0."""
+    """Rotates the n_heads heads of one (b, s) row; X, OUT point at the row's head 0, feature 0."""
     for h0 in tl.range(0, n_heads, BLOCK_H):
         heads = h0 + tl.arange(0, BLOCK_H)
         head_mask = heads < n_heads
         heads = heads.to(tl.int64)
         x_row = X + heads[:, None] * stride_xh
-        o_row = O + heads[:, None] * stride_oh
+        o_row = OUT + heads[:, None] * stride_oh
         mask = head_mask[:, None] & pair_mask[None, :]
         xa = tl.load(x_row + fa[None, :] * stride_xd, mask=mask, other=0.0).to(tl.float32)
         xb = tl.load(x_row + fb[None, :] * stride_xd, mask=mask, other=0.0).to(tl.float32)
         ya = xa * ca[None, :] - xb * sa[None, :]
         yb = xb * cb[None, :] + xa * sb[None, :]
-        tl.store(o_row + fa[None, :] * stride_od, _round(ya, O.dtype.element_ty), mask=mask)
-        tl.store(o_row + fb[None, :] * stride_od, _round(yb, O.dtype.element_ty), mask=mask)
+        tl.store(o_row + fa[None, :] * stride_od, _round(ya, OUT.dtype.element_ty), mask=mask)
+        tl.store(o_row + fb[None, :] * stride_od, _round(yb, OUT.dtype.element_ty), mask=mask)
         if HAS_TAIL:  # features Dr..D-1: copied bit for bit (same dtype in and out)
             mask_t = head_mask[:, None] & tail_mask[None, :]
             t = tl.load(x_row + ft[None, :] * stride_xd, mask=mask_t)

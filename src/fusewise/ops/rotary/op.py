@@ -44,7 +44,9 @@ def backward_impl(dq_out, dk_out, cos, sin, interleaved: bool, need_dq: bool, ne
     path = _dispatch.choose_path("apply_rotary.backward", dq_out, dk_out)
     if path == _dispatch.REFERENCE:
         dq, dk = reference.rotary_backward(dq_out, dk_out, cos, sin, interleaved, need_dq, need_dk)
-        return (_in_layout(dq, dq_out) if need_dq else dq), (_in_layout(dk, dk_out) if need_dk else dk)
+        return (_in_layout(dq, dq_out) if need_dq else dq), (
+            _in_layout(dk, dk_out) if need_dk else dk
+        )
     return launch.rotary(dq_out, dk_out, cos, sin, interleaved, True, need_dq, need_dk)
 
 
@@ -183,9 +185,7 @@ def _check(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> None:
                 f"{name} is on {t.device} but q is on {q.device}; move them to the same device"
             )
     if sin.shape != cos.shape:
-        raise ValueError(
-            f"sin must have cos's shape {tuple(cos.shape)}, got {tuple(sin.shape)}"
-        )
+        raise ValueError(f"sin must have cos's shape {tuple(cos.shape)}, got {tuple(sin.shape)}")
     if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
         raise RuntimeError(
             "apply_rotary does not differentiate with respect to cos and sin, which require grad "
