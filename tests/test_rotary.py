@@ -369,3 +369,37 @@ def test_a_recorded_call_is_one_costed_custom_op_each_way(device):
     assert [op.name for op in ops] == ["fusewise.rotary_fwd.default", "fusewise.rotary_bwd.default"]
     want = rotary_cost.rotary(q.numel() + k.numel(), cos.numel(), torch.float32)
     assert all((op.flops, op.bytes) == (want.flops, want.bytes) for op in ops)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_replays_forward_and_backward():
+    from cuda_graphs import replay_matches_eager
+
+    case = Case(2, 64, 8, 2, 128, 128)
+    q = torch.randn(2, 64, 8, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.randn(2, 2, 64, 128, device="cuda", dtype=torch.bfloat16)
+    q.requires_grad_()
+    k.requires_grad_()
+    cos, sin = _cos_sin(case, torch.bfloat16, "cuda")
+    grads = [torch.randn_like(q), torch.randn_like(k)]
+
+    def step():
+        outs = apply_rotary(q, k, cos, sin)
+        return (*outs, *torch.autograd.grad(outs, (q, k), grads))
+
+    replay_matches_eager(step, lambda: q.copy_(torch.randn_like(q)))
+
+
+@pytest.mark.gpu
+def test_past_2_31_elements_uses_64_bit_offsets():
+    b, hq, hkv, d = 2, 32, 8, 128
+    s = (1 << 31) // (b * hq * d) + 4  # q's last rows start past element 2**31
+    q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16)
+    angles = torch.rand(s, d, device="cuda") * 6.3
+    cos, sin = angles.cos(), angles.sin()
+    q_out, k_out = apply_rotary(q, k, cos, sin)
+    tail = slice(s - 4, s)
+    for out, x in ((q_out, q), (k_out, k)):
+        want = _oracle(x[:, :, tail].double(), cos[tail].double(), sin[tail].double(), False)
+        torch.testing.assert_close(out[:, :, tail].double(), want, rtol=1e-2, atol=1e-2)
