@@ -15,8 +15,8 @@ on the first Dr = cos.shape[-1] features, the rest passed through (reference.py)
 fp32 math, one rounding to the input dtype (HF rounds each bf16 product). Memory: autograd keeps
 cos and sin only, the backward being the transposed rotation of the output gradients; HF's
 eager formula keeps nothing of [B, H, S, D] either (its products' gradients need only cos and
-sin) but runs ~10 kernels a tensor. Traffic (cost.py): reads q, k, cos, sin once, writes q_out
-and k_out; the backward the same with the gradients.
+sin) but runs five kernels a tensor (products, neg, cat, sum). Traffic (cost.py): reads q, k,
+cos, sin once, writes q_out and k_out; the backward the same with the gradients.
 """
 
 from __future__ import annotations
