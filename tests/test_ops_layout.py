@@ -45,7 +45,7 @@ def _is_module(name: str) -> bool:
 
 
 def test_the_families_are_found():
-    assert {"norms", "adamw", "linear_ce"} <= set(FAMILIES)
+    assert {"norms", "adamw", "linear_ce", "gated", "rotary"} <= set(FAMILIES)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -76,6 +76,7 @@ def test_importing_fusewise_registers_each_family_fix():
             "fusewise.ops.linear_cross_entropy",
             "fusewise.ops.linear_ce",
         ),
+        ("fusion-chain", "rotary"): ("fusewise.ops.apply_rotary", "fusewise.ops.rotary"),
     }
     for (kind, pattern), (api, origin) in apis.items():
         (fix,) = fixes.registered(kind, pattern)
@@ -87,9 +88,13 @@ def test_importing_fusewise_registers_each_family_fix():
 
 
 def test_the_families_cost_models_are_registered():
-    assert {"fusewise.norm_fwd.", "fusewise.norm_bwd.", "fusewise.linear_ce_"} <= set(
-        cost._REGISTERED
-    )
+    assert {
+        "fusewise.norm_fwd.",
+        "fusewise.norm_bwd.",
+        "fusewise.linear_ce_",
+        "fusewise.rotary_fwd.",
+        "fusewise.rotary_bwd.",
+    } <= set(cost._REGISTERED)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -35,6 +35,10 @@ _GENERIC: dict[tuple[str, str | None], str] = {
         "fusion-chain",
         "elementwise",
     ): "torch.compile the function (Inductor fuses elementwise chains)",
+    ("fusion-chain", "rotary"): (
+        "torch.compile the attention's q / k rotation (Inductor fuses rotate_half's slices, "
+        "products and sum into one kernel per tensor)"
+    ),
     ("fusion-chain", "other"): "torch.compile the function, or a custom fused kernel",
     ("quadratic-memory", None): (
         "scaled_dot_product_attention keeps attention linear in memory; check it runs a flash or "
