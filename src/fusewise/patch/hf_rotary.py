@@ -1,4 +1,4 @@
-"""The rotary embedding of Hugging Face attention modules -> fusewise.ops.apply_rotary, per instance.
+"""Hugging Face attention modules' rotary embedding -> fusewise.ops.apply_rotary, per instance.
 
 HF attention modules call a global of their modeling module inside forward:
 ``query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)``. A module
@@ -26,6 +26,7 @@ alone with what happened.
 
 from __future__ import annotations
 
+import copyreg
 import functools
 import inspect
 import types
@@ -72,6 +73,10 @@ def fused_mixin(base: type) -> type:
     original = vars(base)["forward"]
     module_globals = dict(original.__globals__)
     module_globals[GLOBAL] = hf_rotary_forms.adaptor_for(form, interleaved)
+    # torch.compile reads a function's globals through the module named by __name__ (an import
+    # of modeling_llama, whose apply_rotary_pos_emb is HF's: a guard on it fails); without
+    # __name__ it guards this dict itself, as for any scope that is not a module
+    del module_globals["__name__"]
     forward = types.FunctionType(
         original.__code__,
         module_globals,
@@ -83,8 +88,26 @@ def fused_mixin(base: type) -> type:
     functools.update_wrapper(forward, original, updated=())
     del forward.__wrapped__  # it is not a wrapper: inspect.unwrap must stop here
     forward.__qualname__ = f"{original.__qualname__} (fusewise rotary)"
-    namespace = {"forward": forward, "__module__": __name__, "fusewise_form": (form, interleaved)}
-    return type(f"FusedRotary{base.__name__}", (), namespace)
+    namespace = {"forward": forward, "__module__": __name__, _BASE: base}
+    return _MixinMeta(f"FusedRotary{base.__name__}", (), namespace)
+
+
+_BASE = "_fusewise_rotary_base"
+
+
+class _MixinMeta(type):
+    """The mixins are built at run time, so pickle cannot find them by name: they pickle as
+    fused_mixin(base) instead (copyreg below), and a pickled patched model loads patched."""
+
+
+def _reduce_mixin(cls: type):
+    base = vars(cls).get(_BASE)
+    if base is None:  # a class deriving from a mixin (the swapped class): by name, as any
+        return cls.__qualname__
+    return fused_mixin, (base,)
+
+
+copyreg.pickle(_MixinMeta, _reduce_mixin)
 
 
 def patch_module(name: str, module: torch.nn.Module, model: torch.nn.Module) -> Change | None:

@@ -68,8 +68,11 @@ class RotaryForm:
 
 def normalised(fn) -> str:
     """fn's source as ast.unparse writes it, without its docstring and decorators."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    node = tree.body[0]
+    return normalised_node(ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0])
+
+
+def normalised_node(node: ast.FunctionDef) -> str:
+    """normalised() of a parsed function definition (changed in place)."""
     node.decorator_list = []
     body = node.body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
@@ -218,10 +221,22 @@ def recognise(fn, module_globals: dict) -> tuple[RotaryForm, bool] | str:
         return f"its apply_rotary_pos_emb is a {type(fn).__name__}, not a plain function"
     if hasattr(fn, "__wrapped__"):
         return "its apply_rotary_pos_emb is wrapped (a hub kernel?): the wrapper would be dropped"
+
+    def helper_source(name: str) -> str | None:
+        helper = module_globals.get(name)
+        if not inspect.isfunction(helper) or hasattr(helper, "__wrapped__"):
+            return None
+        return normalised(helper)
+
     try:
-        text = normalised(fn)
+        return recognise_source(normalised(fn), helper_source)
     except (OSError, TypeError, SyntaxError) as e:
-        return f"the source of its apply_rotary_pos_emb cannot be read ({e})"
+        return f"the source of its apply_rotary_pos_emb or rotate helper cannot be read ({e})"
+
+
+def recognise_source(text: str, helper_source) -> tuple[RotaryForm, bool] | str:
+    """recognise() on source: `text` the function's normalised(), helper_source(name) the
+    normalised source of the module's function `name` (None if it is no plain function)."""
     tree = ast.parse(text)
     called = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in _ROTATE_NAMES}
     if len(called) != 1:
@@ -233,10 +248,10 @@ def recognise(fn, module_globals: dict) -> tuple[RotaryForm, bool] | str:
     form = APPLY_FORMS.get(ast.unparse(tree))
     if form is None:
         return "its apply_rotary_pos_emb is not a form fusewise knows (hf_rotary_forms.py)"
-    rotate = module_globals.get(rotate_name)
-    if not inspect.isfunction(rotate) or hasattr(rotate, "__wrapped__"):
+    rotate = helper_source(rotate_name)
+    if rotate is None:
         return f"its {rotate_name} is not a plain function"
-    rtree = ast.parse(normalised(rotate))
+    rtree = ast.parse(rotate)
     rtree.body[0].name = ROTATE
     interleaved = ROTATE_FORMS.get(ast.unparse(rtree))
     if interleaved is None:
