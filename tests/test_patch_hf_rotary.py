@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import glob
 import importlib
 import inspect
@@ -254,6 +255,24 @@ def test_subclasses_instance_forwards_and_meta_parameters():
         meta = LlamaAttention(config, 0)
     (change,) = fusewise.patch(meta, norms=False, loss=False, activations=False)
     assert change.action == LEFT_ALONE and "meta device" in change.reason
+
+
+def test_wrapped_forward_and_attribute_calls_left_alone():
+    class Wrapped(LlamaAttention):
+        @functools.wraps(LlamaAttention.forward)
+        def forward(self, *args, **kwargs):
+            return LlamaAttention.forward(self, *args, **kwargs)
+
+    class Attribute(LlamaAttention):  # names apply_rotary_pos_emb, but not the global
+        def forward(self, *args, **kwargs):
+            self.apply_rotary_pos_emb = None
+            return super().forward(*args, **kwargs)
+
+    config = causal_lm("llama").config
+    (change,) = fusewise.patch(Wrapped(config, 0), norms=False, loss=False, activations=False)
+    assert change.action == LEFT_ALONE and "wrapped by a decorator" in change.reason
+    (change,) = fusewise.patch(Attribute(config, 0), norms=False, loss=False, activations=False)
+    assert change.action == LEFT_ALONE and "its own forward overrides" in change.reason
 
 
 def test_rotary_flag_off_and_default_on():

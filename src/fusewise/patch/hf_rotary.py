@@ -8,8 +8,10 @@ not). Its class is switched (_swap.subclass) to one whose forward is the same fu
 with types.FunctionType over a copy of the modeling module's globals in which
 apply_rotary_pos_emb is hf_rotary_forms.adaptor_for(form): the same code, closure (super()'s
 __class__ cell), defaults and keyword defaults; only that one name resolves elsewhere. The HF
-class, its module's globals and every other instance are untouched. The copy is taken at patch
-time: a global the modeling module rebinds later is not seen by the patched forward.
+class, its module's globals and every other instance are untouched. The copy is taken when the
+class is first patched in the process (one rebuilt forward per class): a global the modeling
+module rebinds later is not seen by patched forwards. The copy has no __name__, so torch.compile
+guards on the copy itself rather than on the modeling module's attribute.
 
 A forward that is wrapped (functools.wraps: __wrapped__ set, as deprecate_kwarg does) is left
 alone with the reason: rebuilding the inner function would drop the wrapper's code.
@@ -27,6 +29,7 @@ alone with what happened.
 from __future__ import annotations
 
 import copyreg
+import dis
 import functools
 import inspect
 import types
@@ -42,12 +45,20 @@ _BATCH, _SEQ = 2, 5
 
 
 def rotary_class(cls: type) -> type | None:
-    """The first class in cls's MRO whose own forward names the global apply_rotary_pos_emb."""
+    """The first class in cls's MRO whose own forward loads the global apply_rotary_pos_emb."""
     for c in cls.__mro__:
         fn = vars(c).get("forward")
-        if inspect.isfunction(fn) and GLOBAL in inspect.unwrap(fn).__code__.co_names:
+        if inspect.isfunction(fn) and _loads_global(inspect.unwrap(fn).__code__):
             return c
     return None
+
+
+def _loads_global(code) -> bool:
+    """code reads the global GLOBAL (co_names alone also holds attribute names: a forward calling
+    self.apply_rotary_pos_emb would look the same and not see the adaptor)."""
+    if GLOBAL not in code.co_names:
+        return False
+    return any(i.opname == "LOAD_GLOBAL" and i.argval == GLOBAL for i in dis.get_instructions(code))
 
 
 def recognised(cls: type) -> tuple[hf_rotary_forms.RotaryForm, bool] | str | None:
