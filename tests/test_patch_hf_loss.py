@@ -29,7 +29,7 @@ def pair(family, **config):
     hf = causal_lm(family, **config) if family != "gpt2" else layer_norm_models()["gpt2"]
     hf.train()
     patched = copy.deepcopy(hf)
-    report = fusewise.patch(patched, norms=False, activations=False)
+    report = fusewise.patch(patched, norms=False, activations=False, rotary=False)
     return hf, patched, report
 
 
@@ -232,7 +232,7 @@ def test_unpatch_restores_hf():
     assert torch.equal(out.logits, ref.logits) and torch.equal(out.loss, ref.loss)
     assert_same_grads(hf, patched)
     assert (
-        len(fusewise.patch(patched, norms=False, activations=False).swapped) == 1
+        len(fusewise.patch(patched, norms=False, activations=False, rotary=False).swapped) == 1
     )  # and patches again
 
 
@@ -245,7 +245,7 @@ def test_report_and_second_patch():
     assert "training" in change.reason and "labels" in change.reason
     assert "return_logits=True" in change.reason
     assert (
-        len(fusewise.patch(patched, norms=False, activations=False)) == 0
+        len(fusewise.patch(patched, norms=False, activations=False, rotary=False)) == 0
     )  # routed already: not listed again
 
 
@@ -263,12 +263,12 @@ def test_copies_stay_routed():
 
 def test_models_without_a_causal_lm_head():
     models = layer_norm_models()
-    (bert,) = fusewise.patch(models["bert"], norms=False, activations=False)
+    (bert,) = fusewise.patch(models["bert"], norms=False, activations=False, rotary=False)
     assert (bert.what, bert.action, bert.now) == ("loss", LEFT_ALONE, None)
     assert "ForMaskedLM" in bert.reason
     assert "_loss_function" not in models["bert"].__dict__
     assert (
-        len(fusewise.patch(models["vit"], norms=False, activations=False)) == 0
+        len(fusewise.patch(models["vit"], norms=False, activations=False, rotary=False)) == 0
     )  # no LM head at all
 
 
@@ -330,7 +330,7 @@ def _left_alone_cases():
 def test_left_alone_with_reason(why):
     model = _left_alone_cases()[why]()
     cls = type(model)
-    (change,) = fusewise.patch(model, norms=False, activations=False)
+    (change,) = fusewise.patch(model, norms=False, activations=False, rotary=False)
     assert (change.what, change.action, change.now) == ("loss", LEFT_ALONE, None)
     assert why in change.reason
     assert type(model) is cls and not any("fusewise" in k for k in model.__dict__)
@@ -362,7 +362,7 @@ def test_a_compiled_model_is_routed_inside_its_wrapper():
     ref = step(hf, input_ids=ids, labels=labels)
     torch._dynamo.reset()
     compiled = torch.compile(inner, backend="aot_eager")
-    report = fusewise.patch(compiled, norms=False, activations=False)
+    report = fusewise.patch(compiled, norms=False, activations=False, rotary=False)
     (change,) = report.swapped
     assert (change.what, change.name) == ("loss", "_orig_mod")
     assert change.was.endswith("LlamaForCausalLM")

@@ -61,7 +61,7 @@ def test_causal_lm_mlps_swapped_outputs_and_gradients_match(family, now, device)
     ref = copy.deepcopy(model)
     expected = _mlp_names(ref)
     assert len(expected) == 2
-    report = fusewise.patch(model, norms=False, loss=False)
+    report = fusewise.patch(model, norms=False, loss=False, rotary=False)
     assert [c.name for c in report] == expected  # every MLP, nothing else
     assert all(c.action == SWAPPED and c.now == now and c.what == "activation" for c in report)
     if family == "gemma":
@@ -76,7 +76,7 @@ def test_causal_lm_mlps_swapped_outputs_and_gradients_match(family, now, device)
         torch.testing.assert_close(grads[name], want_grads[name], **FP32, msg=name)
     assert fusewise.ops.paths()[now.rsplit(".", 1)[1] + ".backward"] != "reference"
 
-    assert fusewise.patch(model, norms=False, loss=False) == []  # idempotent
+    assert fusewise.patch(model, norms=False, loss=False, rotary=False) == []  # idempotent
     assert fusewise.unpatch(model) == 2
     assert [type(m) for m in model.modules()] == [type(m) for m in ref.modules()]
     assert not any(hf_mlp.ACT_ATTR in vars(m) for m in model.modules())
@@ -87,7 +87,7 @@ def test_causal_lm_mlps_swapped_outputs_and_gradients_match(family, now, device)
 def test_exact_gelu_is_geglu_none_and_matches(device):
     model = causal_lm("llama", hidden_act="gelu").to(device)
     ref = copy.deepcopy(model)
-    report = fusewise.patch(model, norms=False, loss=False)
+    report = fusewise.patch(model, norms=False, loss=False, rotary=False)
     assert [c.now for c in report] == ["fusewise.ops.geglu"] * 2
     assert all('approximate="none"' in c.reason for c in report)
     ids = torch.randint(3, 128, (2, 8), device=device)
@@ -96,7 +96,7 @@ def test_exact_gelu_is_geglu_none_and_matches(device):
 
 def test_unsupported_activation_left_alone_with_the_reason():
     model = causal_lm("llama", hidden_act="relu")
-    report = fusewise.patch(model, norms=False, loss=False)
+    report = fusewise.patch(model, norms=False, loss=False, rotary=False)
     assert [c.name for c in report] == _mlp_names(model)
     assert all(c.action == LEFT_ALONE and c.now is None for c in report)
     assert all("torch.nn.modules.activation.ReLU" in c.reason for c in report)
@@ -121,7 +121,7 @@ def test_autograd_keeps_one_intermediate_tensor_less(device):
         return len(set(saved))
 
     assert wide_saved(mlp) == 4
-    fusewise.patch(mlp, norms=False, loss=False)
+    fusewise.patch(mlp, norms=False, loss=False, rotary=False)
     assert wide_saved(mlp) == 3
 
 
@@ -135,10 +135,10 @@ def test_subclasses_with_their_own_forward_left_alone_plain_ones_swapped():
 
     config = causal_lm("llama").config
     own, plain = OwnForward(config), Plain(config)
-    (c_own,) = fusewise.patch(own, norms=False, loss=False)
+    (c_own,) = fusewise.patch(own, norms=False, loss=False, rotary=False)
     assert c_own.action == LEFT_ALONE and "its own forward" in c_own.reason
     assert type(own) is OwnForward
-    (c_plain,) = fusewise.patch(plain, norms=False, loss=False)
+    (c_plain,) = fusewise.patch(plain, norms=False, loss=False, rotary=False)
     assert c_plain.action == SWAPPED and "defines no forward of its own" in c_plain.reason
     assert isinstance(plain, Plain) and _swap.original_class(plain) is Plain
 
@@ -147,11 +147,11 @@ def test_forward_on_the_instance_and_meta_parameters_left_alone():
     config = causal_lm("llama").config
     mlp = LlamaMLP(config)
     mlp.forward = lambda x: x
-    (change,) = fusewise.patch(mlp, norms=False, loss=False)
+    (change,) = fusewise.patch(mlp, norms=False, loss=False, rotary=False)
     assert change.action == LEFT_ALONE and "set on the instance" in change.reason
     with torch.device("meta"):
         meta = LlamaMLP(config)
-    (change,) = fusewise.patch(meta, norms=False, loss=False)
+    (change,) = fusewise.patch(meta, norms=False, loss=False, rotary=False)
     assert change.action == LEFT_ALONE and "meta device" in change.reason
     assert type(meta) is LlamaMLP
 
@@ -160,7 +160,7 @@ def test_probe_mismatch_is_left_alone_and_restored(monkeypatch):
     key = ("transformers.activations", "SiLUActivation")
     monkeypatch.setitem(hf_mlp.ACTIVATIONS, key, "gelu")  # a wrong table entry
     mlp = causal_lm("llama").model.layers[0].mlp
-    (change,) = fusewise.patch(mlp, norms=False, loss=False)
+    (change,) = fusewise.patch(mlp, norms=False, loss=False, rotary=False)
     assert change.action == LEFT_ALONE and "differs from the original" in change.reason
     assert type(mlp) is LlamaMLP and not _swap.is_patched(mlp)
 
@@ -168,7 +168,7 @@ def test_probe_mismatch_is_left_alone_and_restored(monkeypatch):
 def test_per_instance_the_transformers_class_and_other_models_untouched():
     forward = LlamaMLP.forward
     model, other = causal_lm("llama"), causal_lm("llama")
-    fusewise.patch(model, norms=False, loss=False)
+    fusewise.patch(model, norms=False, loss=False, rotary=False)
     assert LlamaMLP.forward is forward
     assert isinstance(model.model.layers[0].mlp, LlamaMLP)
     assert type(model.model.layers[0].mlp) is not LlamaMLP
@@ -177,7 +177,10 @@ def test_per_instance_the_transformers_class_and_other_models_untouched():
 
 def test_activations_flag_off_leaves_mlps():
     model = causal_lm("llama")
-    report = fusewise.patch(model, norms=False, loss=False, activations=False)
+    report = fusewise.patch(model, norms=False, loss=False, activations=False, rotary=False)
     assert report == []
     model = causal_lm("llama")
-    assert {c.what for c in fusewise.patch(model, loss=False)} == {"norm", "activation"}
+    assert {c.what for c in fusewise.patch(model, loss=False, rotary=False)} == {
+        "norm",
+        "activation",
+    }

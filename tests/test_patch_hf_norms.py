@@ -144,7 +144,7 @@ def test_causal_lm_norms_swapped_outputs_and_gradients_match(family, device):
     expected = _norm_names(ref, "RMSNorm")
     assert expected
     norm_cls = type(dict(ref.named_modules())[expected[0]])
-    report = fusewise.patch(model, loss=False, activations=False)
+    report = fusewise.patch(model, loss=False, activations=False, rotary=False)
     assert [c.name for c in report] == expected  # every norm, nothing else
     assert all(c.action == SWAPPED and c.now == hf_norms.NOW for c in report)
     assert {c.was for c in report} == {_swap.qualname(norm_cls)}
@@ -397,7 +397,7 @@ def test_unpatch_restores_classes_and_bit_identical_outputs(family, device):
 def test_patched_model_pickles_and_deepcopies(device):
     model = causal_lm("gemma").to(device)
     _randomize_norm_weights(model)
-    fusewise.patch(model, loss=False, activations=False)
+    fusewise.patch(model, loss=False, activations=False, rotary=False)
     ids = _ids(device)
     want = model(input_ids=ids).logits
     for twin in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):

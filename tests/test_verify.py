@@ -197,6 +197,11 @@ def test_verify_cli_hint_for_script_arguments(tmp_path, capsys):
             {"norms", "activations", "loss", "optimizer"},
             {"norm", "activation", "loss", "optimizer"},
         ),
+        ({"rotary"}, {"rotary"}),
+        (
+            {"norms", "activations", "rotary", "loss", "optimizer"},
+            {"norm", "activation", "rotary", "loss", "optimizer"},
+        ),
     ],
 )
 def test_patcher_patches_only_its_group(what, kinds):

@@ -8,6 +8,10 @@ and undo it with fusewise.unpatch(model).
 * activations (hf_mlp.py): the gated MLPs of the Hugging Face families (Llama's
   down_proj(act(gate_proj(x)) * up_proj(x))) compute act(gate) * up with fusewise.ops.swiglu /
   geglu, so autograd keeps gate and up only; each swap checked on a probe input;
+* rotary (hf_rotary.py, hf_rotary_forms.py): the attention modules of the Hugging Face families
+  whose forward calls their modeling module's apply_rotary_pos_emb (a form fusewise recognises:
+  rotate_half, GPT-J's interleaved pairs, partial rotary...) run that forward with
+  fusewise.ops.apply_rotary in its place; each swap checked on a probe input;
 * the optimizer (optimizer.py, patch_optimizer): a torch.optim.AdamW becomes fusewise.optim.AdamW
   in place, with its hyper-parameters and state.
 
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _swap, hf_mlp, hf_norms, torch_norms
+from . import _swap, hf_mlp, hf_norms, hf_rotary, torch_norms
 from . import loss as loss_routing
 from .optimizer import patch_optimizer, unpatch_optimizer
 from .report import LEFT_ALONE, SWAPPED, UNRECOGNISED, Change, PatchReport
@@ -38,7 +42,12 @@ __all__ = [
 
 
 def patch(
-    model: torch.nn.Module, *, norms: bool = True, loss: bool = True, activations: bool = True
+    model: torch.nn.Module,
+    *,
+    norms: bool = True,
+    loss: bool = True,
+    activations: bool = True,
+    rotary: bool = True,
 ) -> PatchReport:
     """Swap what fusewise knows in `model`, in place. Returns a PatchReport: every module swapped,
     every module recognised but left alone (and why), every norm-like module not recognised.
@@ -58,6 +67,13 @@ def patch(
             if _swap.is_patched(module):
                 continue
             change = hf_mlp.patch_module(name, module)
+            if change is not None:
+                report.changes.append(change)
+    if rotary:
+        for name, module in model.named_modules():
+            if _swap.is_patched(module):
+                continue
+            change = hf_rotary.patch_module(name, module, model)
             if change is not None:
                 report.changes.append(change)
     if loss:

@@ -73,6 +73,13 @@ def _compare(module, original, weight, width, ulps, floor) -> str | None:
     with torch.no_grad():
         want = original(module, x)
         got = type(module).forward(module, x)
+    return differs(got, want, ulps, floor)
+
+
+def differs(got, want: torch.Tensor, ulps: float, floor: float) -> str | None:
+    """What differs between a fused forward's output and the original's on a probe (None if
+    they agree): |got - want| <= rtol * (|want| + floor * max |want|), rtol 1e-5 in fp32/fp64,
+    `ulps` units of the dtype's epsilon in bf16/fp16."""
     if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
         return (
             f"the fused forward gives {_describe(got)} where the original gives "

@@ -3,9 +3,10 @@
 1. The first diagnosis (unpatched): the findings and their predicted savings.
 2. Interleaved runs: `rounds` rounds, each running every variant once, the order reversed every
    round (unpatched, patched; patched, unpatched; ...). Variants: unpatched; patched (norms,
-   gated MLPs, loss, optimizer); and, when the findings fall in more than one of the fix groups
-   norms, loss and optimizer, each group alone, so each group's findings get a measured saving
-   of their own.
+   gated MLPs, rotary embeddings, loss, optimizer); and, when the findings fall in more than one
+   of the fix groups norms, loss and optimizer, each group alone, so each group's findings get a
+   measured saving of their own (activations and rotary have no finding of their own yet: they
+   run in the patched variant only).
 3. The comparison of each patched variant against the unpatched one (measure.compare) and the
    loss trajectories (patched against unpatched; the unpatched runs against each other give the
    run-to-run noise).
@@ -22,7 +23,7 @@ from .measure import Samples, check_losses, compare, round_orders
 from .report import FindingCheck, VerifyReport, group_of
 from .script import Patcher, run_variant, seed_everything
 
-ALL = frozenset({"norms", "activations", "loss", "optimizer"})
+ALL = frozenset({"norms", "activations", "rotary", "loss", "optimizer"})
 UNPATCHED, PATCHED = "unpatched", "patched"
 
 
@@ -120,6 +121,7 @@ def verify_script(
     group_name = {
         "norms": "norm",
         "activations": "activation",
+        "rotary": "rotary",
         "loss": "loss",
         "optimizer": "optimizer",
     }

@@ -88,7 +88,7 @@ def model_roots(optimizers: list) -> list[torch.nn.Module]:
 
 class Patcher:
     """on_step_end for ScriptRun: at the end of step 1, patch what `what` names (a subset of
-    norms, activations, loss, optimizer). `report` collects what was changed."""
+    norms, activations, rotary, loss, optimizer). `report` collects what was changed."""
 
     def __init__(self, what: frozenset[str]):
         self.what, self.report, self.roots = what, PatchReport(), []
@@ -97,13 +97,14 @@ class Patcher:
         if n != 1 or not self.what:
             return
         self.roots = model_roots(optimizers)
-        modules = {"norms", "activations", "loss"} & self.what
+        modules = {"norms", "activations", "rotary", "loss"} & self.what
         if modules:
             for root in self.roots:
                 r = patch(
                     root,
                     norms="norms" in modules,
                     activations="activations" in modules,
+                    rotary="rotary" in modules,
                     loss="loss" in modules,
                 )
                 self.report.changes += r.changes
