@@ -35,6 +35,14 @@ _GENERIC: dict[tuple[str, str | None], str] = {
         "fusion-chain",
         "elementwise",
     ): "torch.compile the function (Inductor fuses elementwise chains)",
+    ("fusion-chain", "rotary"): (
+        "torch.compile the rotary application (q * cos + rotate_half(q) * sin, and k's: "
+        "Inductor makes it one kernel forward and one backward)"
+    ),
+    ("fusion-chain", "gated-activation"): (
+        "torch.compile the MLP's activation, act(gate) * up (Inductor makes it one kernel "
+        "forward and one backward)"
+    ),
     ("fusion-chain", "other"): "torch.compile the function, or a custom fused kernel",
     ("quadratic-memory", None): (
         "scaled_dot_product_attention keeps attention linear in memory; check it runs a flash or "
