@@ -18,8 +18,9 @@ transpose or reshape reads its base). Shapes and names as recorded in an OpGraph
 - gated-activation, forward: act(gate) * up, act a `silu` / `gelu` (exact or tanh: one op), or
   silu written out as `gate * sigmoid(gate)`, its output multiplied by another tensor of the
   same shape and dtype that is not the gate and not a dropout mask (CPU dropout is a
-  `bernoulli_` mask times the input). Backward: `silu_backward` / `gelu_backward` whose incoming
-  gradient is a `mul` of two tensors of that shape (grad_h * up).
+  `bernoulli_` mask times the input; the mask is looked for before the chain too).
+  Backward: `silu_backward` / `gelu_backward` whose incoming gradient is a `mul` of two
+  tensors of that shape (grad_h * up), neither a dropout mask.
 
 Not recognised (they fall to elementwise / other, and a backward chain of the same line still
 takes its forward chain's pattern in chains.py): GELU written out with tanh (HF `gelu_new`),
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..capture.graph import OpRecord, Value
+from ..capture.graph import OpGraph, OpRecord
 from ._measured import MATMULS
 
 # base names (aten.<name>.<overload>) of the ops each structure is made of
@@ -43,15 +44,21 @@ _MASK_SEARCH_DEPTH = 4  # ops walked back from a multiplier looking for a dropou
 
 
 def _op_name(op: OpRecord) -> str:
-    """"aten.mul.Tensor" -> "mul" (the name without its namespace and overload)."""
+    """ "aten.mul.Tensor" -> "mul" (the name without its namespace and overload)."""
     parts = op.name.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 
 
-def pattern(ops: list[OpRecord], values: dict[int, Value], base: dict[int, int]) -> str:
+def pattern(
+    ops: list[OpRecord],
+    graph: OpGraph,
+    base: dict[int, int] | None = None,
+    producer: dict[int, int] | None = None,
+) -> str:
     """The pattern of one chain. ops: the chain's ops in execution order (no view ops: views
-    move nothing and are never chain members); values: the graph's values (shapes, dtypes);
-    base: view value -> the value it views (OpGraph.view_bases())."""
+    move nothing and are never chain members), of graph. base: view value -> the value it views
+    (graph.view_bases()); producer: value (views resolved) -> index of the op that wrote it;
+    both computed when not given (the caller usually has them)."""
     names = " ".join(op.name for op in ops)
     if ops[0].phase == "optimizer":
         return "optimizer"
@@ -63,7 +70,13 @@ def pattern(ops: list[OpRecord], values: dict[int, Value], base: dict[int, int])
         return "attention"
     if ("rsqrt" in names or "sqrt" in names or ".var" in names) and ".mean" in names:
         return "norm"
-    flow = _Flow(ops, values, base)
+    if base is None:
+        base = graph.view_bases()
+    if producer is None:
+        producer = {
+            base.get(v, v): op.index for op in graph.ops if not op.is_view for v in op.outputs
+        }
+    flow = _Flow(ops, graph, base, producer)
     if flow.is_rotary():
         return "rotary"
     if flow.is_gated():
@@ -82,8 +95,9 @@ def pattern(ops: list[OpRecord], values: dict[int, Value], base: dict[int, int])
 class _Flow:
     """Dataflow inside one chain, views resolved to their base: who made a value, who reads it."""
 
-    def __init__(self, ops: list[OpRecord], values: dict[int, Value], base: dict[int, int]):
-        self.ops, self.values, self.base = ops, values, base
+    def __init__(self, ops: list[OpRecord], graph: OpGraph, base: dict, producer: dict):
+        self.ops, self.graph, self.base, self.producer = ops, graph, base, producer
+        self.values = graph.values
         self.made_by: dict[int, OpRecord] = {}
         self.read_by: dict[int, list[OpRecord]] = defaultdict(list)
         for op in ops:
@@ -123,9 +137,7 @@ class _Flow:
             placing = [op for op in self.read_by[negated] if _op_name(op) in _PLACING]
             # the other half: a view of the same tensor, placed beside the negated one
             beside = [
-                op
-                for op in self.read_by[whole]
-                if _op_name(op) in _PLACING and op is not neg
+                op for op in self.read_by[whole] if _op_name(op) in _PLACING and op is not neg
             ]
             if not placing or not beside:
                 continue
@@ -144,9 +156,10 @@ class _Flow:
     # --- gated activation ---------------------------------------------------------------------
 
     def is_gated(self) -> bool:
-        return any(
-            self._times_up(out, gate) for out, gate in self._activations()
-        ) or self._gated_backward()
+        return (
+            any(self._times_up(out, gate) for out, gate in self._activations())
+            or self._gated_backward()
+        )
 
     def _activations(self) -> list[tuple[int, int]]:
         """(activation output, gate) of each silu / gelu, and of silu written as gate *
@@ -197,15 +210,17 @@ class _Flow:
         return False
 
     def _random(self, v: int) -> bool:
-        """Made (within the chain, a few ops back) from random numbers: a dropout mask."""
+        """Made from random numbers a few ops back, in this chain or before it (the backward
+        multiplies by the mask its forward made): a dropout mask."""
         frontier, seen = [self.resolve(v)], set()
         for _ in range(_MASK_SEARCH_DEPTH):
             nxt = []
             for u in frontier:
-                op = self.made_by.get(u)
-                if op is None or id(op) in seen:
+                i = self.producer.get(u)
+                if i is None or i in seen:
                     continue
-                seen.add(id(op))
+                seen.add(i)
+                op = self.graph.ops[i]
                 if _op_name(op) in _RANDOM:
                     return True
                 nxt += [self.resolve(w) for w in op.inputs]

@@ -212,7 +212,7 @@ def find_chains(graph: OpGraph, ceilings, timing: _measured.Timing | None = None
             if largest is not None
             else max(ops, key=lambda o: o.bytes)
         )
-        key = (_patterns.pattern(ops, graph.values, gr.base), where_op.where, ops[0].phase)
+        key = (_patterns.pattern(ops, graph, gr.base, gr.producer), where_op.where, ops[0].phase)
         # on the clock of the prediction (the scaled times), so the two columns compare
         one = dict(
             written=written,
