@@ -386,3 +386,34 @@ G = (2, 8, 48)
 )
 def test_gated_rules(ops, shapes, dtypes, expected):
     assert _pattern_of(shapes, ops, dtypes) == expected
+
+
+def test_a_hugging_face_llama_step():
+    """The real thing, as the patterns were written for: HF Llama's rotate_half on q and k, its
+    SwiGLU MLP (only the backward is reported: the forward's ratio is below CHAIN_MIN_RATIO)."""
+    tf = pytest.importorskip("transformers")
+    config = tf.LlamaConfig(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(config)
+    idx = torch.randint(3, 512, (4, 128))
+    found = findings(ProfiledCapture, lambda: model(input_ids=idx, labels=idx).loss.backward())
+    by_pattern = {(f.pattern, f.evidence["phase"]): f for f in found}
+    assert {("rotary", "forward"), ("rotary", "backward")} <= set(by_pattern)
+    assert ("gated-activation", "backward") in by_pattern
+    assert ("gated-activation", "forward") not in by_pattern
+    gated = by_pattern["gated-activation", "backward"]
+    assert "modeling_llama.py" in gated.where and "silu_backward" in gated.evidence["op_names"]
+    assert "fusewise.ops.swiglu" in gated.fix
+    assert "neg" in by_pattern["rotary", "forward"].evidence["op_names"]
