@@ -44,7 +44,7 @@ _MASK_SEARCH_DEPTH = 4  # ops walked back from a multiplier looking for a dropou
 
 
 def _op_name(op: OpRecord) -> str:
-    """ "aten.mul.Tensor" -> "mul" (the name without its namespace and overload)."""
+    """The op's name without namespace and overload: aten.mul.Tensor -> mul."""
     parts = op.name.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 
@@ -136,9 +136,7 @@ class _Flow:
             negated = self.resolve(neg.outputs[0])
             placing = [op for op in self.read_by[negated] if _op_name(op) in _PLACING]
             # the other half: a view of the same tensor, placed beside the negated one
-            beside = [
-                op for op in self.read_by[whole] if _op_name(op) in _PLACING and op is not neg
-            ]
+            beside = [op for op in self.read_by[whole] if _op_name(op) in _PLACING]
             if not placing or not beside:
                 continue
             placed_times_sin = any(  # forward: rotate_half(q) * sin
