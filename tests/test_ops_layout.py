@@ -77,6 +77,7 @@ def test_importing_fusewise_registers_each_family_fix():
             "fusewise.ops.linear_ce",
         ),
         ("fusion-chain", "rotary"): ("fusewise.ops.apply_rotary", "fusewise.ops.rotary"),
+        ("fusion-chain", "gated-activation"): ("fusewise.ops.swiglu", "fusewise.ops.gated"),
     }
     for (kind, pattern), (api, origin) in apis.items():
         (fix,) = fixes.registered(kind, pattern)

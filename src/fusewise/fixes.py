@@ -36,8 +36,12 @@ _GENERIC: dict[tuple[str, str | None], str] = {
         "elementwise",
     ): "torch.compile the function (Inductor fuses elementwise chains)",
     ("fusion-chain", "rotary"): (
-        "torch.compile the attention's q / k rotation (Inductor fuses rotate_half's slices, "
-        "products and sum into one kernel per tensor)"
+        "torch.compile the rotary application (q * cos + rotate_half(q) * sin, and k's: "
+        "Inductor makes it one kernel forward and one backward)"
+    ),
+    ("fusion-chain", "gated-activation"): (
+        "torch.compile the MLP's activation, act(gate) * up (Inductor makes it one kernel "
+        "forward and one backward)"
     ),
     ("fusion-chain", "other"): "torch.compile the function, or a custom fused kernel",
     ("quadratic-memory", None): (

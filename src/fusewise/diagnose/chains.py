@@ -21,7 +21,7 @@ from collections import defaultdict
 from .. import fixes
 from ..capture.graph import OpGraph, OpRecord
 from ..report import Finding
-from . import _measured
+from . import _measured, _patterns
 from . import thresholds as T
 from ._measured import MATMULS
 from .registry import analyzer
@@ -140,29 +140,6 @@ def _attach_matmuls(gr: _Graph, comp: set[int], kinds: dict[int, str]) -> set[in
     return out
 
 
-def _pattern(ops: list[OpRecord]) -> str:
-    names = " ".join(op.name for op in ops)
-    if ops[0].phase == "optimizer":
-        return "optimizer"
-    if ops[0].phase == "post-backward":  # gradient processing: clip_grad_norm_'s norms, scaling
-        return "grad-clip"
-    if any(s in names for s in ("log_softmax", "nll_loss", "logsumexp", "cross_entropy")):
-        return "cross-entropy"
-    if "._softmax" in names or ".softmax" in names:  # a softmax that is not a log-softmax
-        return "attention"
-    if ("rsqrt" in names or "sqrt" in names or ".var" in names) and ".mean" in names:
-        return "norm"
-    if all(
-        op.name not in MATMULS
-        and "sum" not in op.name
-        and "mean" not in op.name
-        and "max" not in op.name
-        for op in ops
-    ):
-        return "elementwise"
-    return "other"
-
-
 def chain_cost(gr: _Graph, chain: set[int]) -> tuple[float, float, int | None]:
     """(bytes as written, fused minimum, largest internal value or None). Among equally large
     intermediates the one made by the line that writes most of the chain's bytes is named."""
@@ -235,39 +212,31 @@ def find_chains(graph: OpGraph, ceilings, timing: _measured.Timing | None = None
             if largest is not None
             else max(ops, key=lambda o: o.bytes)
         )
-        key = (_pattern(ops), where_op.where, ops[0].phase)
-        m = merged.setdefault(
-            key,
-            dict(
-                written=0.0,
-                minimum=0.0,
-                chains=0,
-                ops=0,
-                largest=0,
-                names=set(),
-                ms=0.0,
-                saving_ms=0.0,
-                parts=[],
-            ),
-        )
+        key = (_patterns.pattern(ops, graph, gr.base, gr.producer), where_op.where, ops[0].phase)
         # on the clock of the prediction (the scaled times), so the two columns compare
-        m["ms"] += sum(timing.op_ms(op) if timing else op.ms for op in ops)
-        m["saving_ms"] += saving_ms
-        if measured is not None:
-            m["parts"].append(measured)
-        m["written"] += written
-        m["minimum"] += minimum
-        m["chains"] += 1
-        m["ops"] += len(ops)
-        m["largest"] = max(m["largest"], gr.nbytes(largest) if largest is not None else 0)
-        m["names"].update(op.name.split(".")[1] for op in ops)
+        one = dict(
+            written=written,
+            minimum=minimum,
+            chains=1,
+            ops=len(ops),
+            largest=gr.nbytes(largest) if largest is not None else 0,
+            names={op.name.split(".")[1] for op in ops},
+            ms=sum(timing.op_ms(op) if timing else op.ms for op in ops),
+            saving_ms=saving_ms,
+            parts=[measured] if measured is not None else [],
+        )
+        _add(merged, key, one)
     # a backward chain takes the pattern of the forward chain made by the same line (backward ops
     # of a norm are muls and sums; their line says what they are the gradient of)
     forward_pattern = {w: p for (p, w, ph) in merged if ph == "forward" and p != "other"}
-    findings = []
+    inherited: dict[tuple[str, str, str], dict] = {}
     for (pattern, where, phase), m in merged.items():
         if phase == "backward" and pattern in ("other", "elementwise"):
             pattern = forward_pattern.get(where, pattern)
+        # chains of one line that differ only before the inheritance make one finding
+        _add(inherited, (pattern, where, phase), m)
+    findings = []
+    for (pattern, where, phase), m in inherited.items():
         avoidable = m["written"] - m["minimum"]
         if (
             avoidable < T.CHAIN_MIN_AVOIDABLE_BYTES
@@ -303,6 +272,19 @@ def find_chains(graph: OpGraph, ceilings, timing: _measured.Timing | None = None
             )
         )
     return sorted(findings, key=lambda f: -f.est_saving_ms)
+
+
+def _add(merged: dict, key: tuple[str, str, str], part: dict) -> None:
+    """Sum one chain's (or one merged group's) numbers into merged[key]."""
+    m = merged.get(key)
+    if m is None:
+        merged[key] = dict(part, names=set(part["names"]), parts=list(part["parts"]))
+        return
+    for k in ("written", "minimum", "chains", "ops", "ms", "saving_ms"):
+        m[k] += part[k]
+    m["largest"] = max(m["largest"], part["largest"])
+    m["names"] |= part["names"]
+    m["parts"] += part["parts"]
 
 
 def _estimate(parts: list, timing, bytes_ms: float) -> dict:

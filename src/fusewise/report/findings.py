@@ -16,7 +16,17 @@ KINDS = (
     "matmul-precision",
     "matmul-shape",
 )
-PATTERNS = ("norm", "optimizer", "grad-clip", "cross-entropy", "attention", "elementwise", "other")
+PATTERNS = (
+    "norm",
+    "optimizer",
+    "grad-clip",
+    "cross-entropy",
+    "attention",
+    "rotary",
+    "gated-activation",
+    "elementwise",
+    "other",
+)
 
 
 @dataclass

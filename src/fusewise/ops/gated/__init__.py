@@ -12,10 +12,10 @@ _cost.register_op("fusewise.gated_fwd.", cost.recorded)
 _cost.register_op("fusewise.gated_bwd.", cost.recorded)
 _fixes.register(
     "fusion-chain",
-    "elementwise",
-    "for a gated activation (act(gate) * up, a SwiGLU / GeGLU MLP): fusewise.ops.swiglu / geglu "
-    "(or fusewise.patch(model) on a Hugging Face model): one pass forward and one backward, "
-    "the activation recomputed rather than kept",
+    "gated-activation",
+    "fusewise.ops.swiglu / geglu (act(gate) * up in one pass forward and one backward that "
+    "recomputes the activation, so autograd keeps only gate and up), or fusewise.patch(model) "
+    "on a Hugging Face model",
     api="fusewise.ops.swiglu",
     origin=__name__,
 )
