@@ -218,3 +218,24 @@ def test_patcher_patches_only_its_group(what, kinds):
     assert any(r is model for r in patcher.roots)
     patcher(2, [opt])  # only where step 1 ends
     assert len(patcher.report.changes) == len({c.name + c.what for c in patcher.report.changes})
+
+
+@pytest.mark.parametrize(
+    "pattern, group",
+    [
+        ("norm", "norms"),
+        ("gated-activation", "activations"),
+        ("rotary", "rotary"),
+        ("cross-entropy", "loss"),
+        ("optimizer", "optimizer"),
+        ("elementwise", None),  # patch has no fix for a generic chain
+    ],
+)
+def test_each_fusion_chain_pattern_maps_to_the_patch_group_that_fixes_it(pattern, group):
+    from fusewise.report.findings import Finding
+    from fusewise.verify.report import group_of
+    from fusewise.verify.run import ALL
+
+    f = Finding("fusion-chain", "t", "x.py:1", 1.0, 1.0, "fix", pattern=pattern)
+    assert group_of(f) == group
+    assert group is None or group in ALL

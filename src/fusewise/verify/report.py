@@ -15,6 +15,8 @@ from .measure import Comparison, LossCheck, Samples
 # the fix group that fusewise.patch applies for a finding: (kind, pattern) -> group
 GROUPS = {
     ("fusion-chain", "norm"): "norms",
+    ("fusion-chain", "gated-activation"): "activations",
+    ("fusion-chain", "rotary"): "rotary",
     ("fusion-chain", "cross-entropy"): "loss",
     ("fusion-chain", "optimizer"): "optimizer",
 }

@@ -4,9 +4,8 @@
 2. Interleaved runs: `rounds` rounds, each running every variant once, the order reversed every
    round (unpatched, patched; patched, unpatched; ...). Variants: unpatched; patched (norms,
    gated MLPs, rotary embeddings, loss, optimizer); and, when the findings fall in more than one
-   of the fix groups norms, loss and optimizer, each group alone, so each group's findings get a
-   measured saving of their own (activations and rotary have no finding of their own yet: they
-   run in the patched variant only).
+   of the fix groups (norms, activations, rotary, loss, optimizer: verify/report.GROUPS), each
+   group alone, so each group's findings get a measured saving of their own.
 3. The comparison of each patched variant against the unpatched one (measure.compare) and the
    loss trajectories (patched against unpatched; the unpatched runs against each other give the
    run-to-run noise).
