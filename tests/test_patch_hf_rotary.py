@@ -116,16 +116,16 @@ def test_attention_swapped_logits_and_gradients_match(family, calls):
 
     # the HF class, its module's global and a second model of the same class are untouched
     hf_cls = _swap.original_class(dict(model.named_modules())[expected[0]])
-    hf_function = hf_cls.forward.__globals__[hf_rotary.GLOBAL]
+    hf_function = inspect.unwrap(hf_cls.forward).__globals__[hf_rotary.GLOBAL]
     assert hf_function.__qualname__ == hf_rotary.GLOBAL and hf_rotary.GLOBAL not in vars(hf_cls)
     assert not hasattr(hf_function, "fusewise_form")
     for name in expected:
         patched = dict(model.named_modules())[name]
         untouched = dict(other.named_modules())[name]
         assert isinstance(patched, hf_cls) and type(patched) is not hf_cls
-        assert type(patched).forward.__globals__[hf_rotary.GLOBAL].fusewise_form
+        assert inspect.unwrap(type(patched).forward).__globals__[hf_rotary.GLOBAL].fusewise_form
         assert type(untouched) is hf_cls and not _swap.is_patched(untouched)
-        assert type(untouched).forward.__globals__[hf_rotary.GLOBAL] is hf_function
+        assert inspect.unwrap(type(untouched).forward).__globals__[hf_rotary.GLOBAL] is hf_function
     calls.clear()
     with torch.no_grad():
         other(ids)
@@ -275,6 +275,52 @@ def test_wrapped_forward_and_attribute_calls_left_alone():
     assert change.action == LEFT_ALONE and "its own forward overrides" in change.reason
 
 
+def _renaming(old_name, new_name):
+    """A decorator like transformers' deprecate_kwarg: a functools.wraps closure over the
+    function that renames a keyword argument before calling it."""
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if old_name in kwargs:
+                kwargs[new_name] = kwargs.pop(old_name)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def test_a_forward_wrapped_in_a_closure_decorator_is_rebuilt_through_it(monkeypatch):
+    class Decorated(LlamaAttention):
+        pass
+
+    # the same code as LlamaAttention.forward, under a wrapper that renames a keyword
+    inner = inspect.unwrap(LlamaAttention.forward)
+    Decorated.forward = _renaming("hidden", "hidden_states")(inner)
+    torch.manual_seed(0)
+    config = causal_lm("llama").config
+    module, other = Decorated(config, 0), Decorated(config, 0)
+    other.load_state_dict(module.state_dict())
+    (change,) = fusewise.patch(module, norms=False, loss=False, activations=False)
+    assert change.action == SWAPPED and change.now == NOW, change.reason
+    patched = inspect.unwrap(type(module).forward)
+    assert patched is not inner and patched.__code__ is inner.__code__
+    assert patched.__globals__[hf_rotary.GLOBAL] is not inner.__globals__[hf_rotary.GLOBAL]
+    x = torch.randn(2, 5, config.hidden_size)
+    head_dim = config.hidden_size // config.num_attention_heads
+    angles = torch.rand(2, 5, head_dim) * 6.3
+    kwargs = dict(position_embeddings=(angles.cos(), angles.sin()), attention_mask=None)
+    calls, real = [], fusewise.ops.apply_rotary
+    monkeypatch.setattr(
+        fusewise.ops, "apply_rotary", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    got = module(hidden=x, **kwargs)[0]  # the wrapper's renaming still runs
+    want = other(hidden=x, **kwargs)[0]
+    assert calls and torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert fusewise.unpatch(module) == 1 and type(module) is Decorated
+
+
 def test_rotary_flag_off_and_default_on():
     model = causal_lm("llama")
     assert fusewise.patch(model, norms=False, loss=False, activations=False, rotary=False) == []
@@ -417,7 +463,10 @@ def _static_verdicts():
             if hf_rotary.GLOBAL + "(" not in forward:
                 continue
             key = f"{os.path.basename(path)[:-3]}.{name}"
-            if forward.lstrip().startswith("@"):
+            decorators = [ln.strip() for ln in forward.splitlines() if ln.strip().startswith("@")]
+            # deprecate_kwarg (transformers >= 5.2x, on most attention forwards) is a
+            # functools.wraps closure over the function: rebuilt through (hf_rotary._rebuilt)
+            if any(not d.startswith("@deprecate_kwarg(") for d in decorators):
                 verdicts[key] = "its forward is decorated"
             elif hf_rotary.GLOBAL not in functions:
                 verdicts[key] = "no module-level apply_rotary_pos_emb"

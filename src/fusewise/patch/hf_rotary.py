@@ -13,8 +13,11 @@ class is first patched in the process (one rebuilt forward per class): a global 
 module rebinds later is not seen by patched forwards. The copy has no __name__, so torch.compile
 guards on the copy itself rather than on the modeling module's attribute.
 
-A forward that is wrapped (functools.wraps: __wrapped__ set, as deprecate_kwarg does) is left
-alone with the reason: rebuilding the inner function would drop the wrapper's code.
+A forward wrapped by decorators (functools.wraps: __wrapped__ set; transformers >= 5.2x wraps
+attention forwards in deprecate_kwarg) is rebuilt layer by layer: the innermost function as above,
+each wrapper with its own code and globals and the closure cell that held the function it wraps
+now holding the rebuilt one. A wrapper that does not hold what it wraps in exactly one closure
+cell (a class-based wrapper, a lookup by name) is left alone with the reason.
 
 Every swap is checked before it is kept: the original and the rebuilt forward run on a probe
 (hidden states [2, 5, hidden]; position embeddings from the model's rotary embedding module when
@@ -68,12 +71,60 @@ def recognised(cls: type) -> tuple[hf_rotary_forms.RotaryForm, bool] | str | Non
     if base is None:
         return None
     forward = vars(base)["forward"]
-    if forward is not inspect.unwrap(forward):
-        return (
-            f"its forward ({_swap.qualname(base)}.forward) is wrapped by a decorator: rebuilding "
-            f"it would drop the wrapper's code"
-        )
-    return hf_rotary_forms.recognise(forward.__globals__.get(GLOBAL), forward.__globals__)
+    problem = _unrebuildable(forward)
+    if problem is not None:
+        return f"its forward ({_swap.qualname(base)}.forward) {problem}"
+    inner = inspect.unwrap(forward)
+    return hf_rotary_forms.recognise(inner.__globals__.get(GLOBAL), inner.__globals__)
+
+
+def _wrapped_cell(fn) -> int | str:
+    """The index of the closure cell through which the wrapper `fn` calls fn.__wrapped__, or why
+    there is no single one."""
+    inner = fn.__wrapped__
+    cells = [i for i, c in enumerate(fn.__closure__ or ()) if _cell_contents(c) is inner]
+    if not inspect.isfunction(fn) or len(cells) != 1:
+        return "is wrapped by a decorator that does not hold it in one closure cell"
+    return cells[0]
+
+
+def _cell_contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def _unrebuildable(fn) -> str | None:
+    while hasattr(fn, "__wrapped__"):
+        found = _wrapped_cell(fn)
+        if isinstance(found, str):
+            return found
+        fn = fn.__wrapped__
+    return None if inspect.isfunction(fn) else "is not a plain function"
+
+
+def _copy_function(fn, module_globals, closure):
+    """fn's code over other globals and closure; its defaults, names and docs kept."""
+    new = types.FunctionType(fn.__code__, module_globals, fn.__name__, fn.__defaults__, closure)
+    new.__kwdefaults__ = dict(fn.__kwdefaults__ or {}) or None
+    functools.update_wrapper(new, fn, updated=())
+    return new
+
+
+def _rebuilt(fn, module_globals):
+    """fn with the innermost function's globals replaced by module_globals, through its wrappers
+    (recognised() has checked that each holds what it wraps in one closure cell)."""
+    if not hasattr(fn, "__wrapped__"):
+        new = _copy_function(fn, module_globals, fn.__closure__)
+        del new.__wrapped__  # it is not a wrapper: inspect.unwrap must stop here
+        return new
+    at = _wrapped_cell(fn)
+    inner = _rebuilt(fn.__wrapped__, module_globals)
+    closure = tuple(types.CellType(inner) if i == at else c for i, c in enumerate(fn.__closure__))
+    new = _copy_function(fn, fn.__globals__, closure)
+    new.__wrapped__ = inner
+    return new
 
 
 @functools.cache
@@ -82,22 +133,13 @@ def fused_mixin(base: type) -> type:
     apply_rotary_pos_emb bound to the adaptor. One per HF class, so _swap.subclass caches."""
     form, interleaved = recognised(base)
     original = vars(base)["forward"]
-    module_globals = dict(original.__globals__)
+    module_globals = dict(inspect.unwrap(original).__globals__)
     module_globals[GLOBAL] = hf_rotary_forms.adaptor_for(form, interleaved)
     # torch.compile reads a function's globals through the module named by __name__ (an import
     # of modeling_llama, whose apply_rotary_pos_emb is HF's: a guard on it fails); without
     # __name__ it guards this dict itself, as for any scope that is not a module
     del module_globals["__name__"]
-    forward = types.FunctionType(
-        original.__code__,
-        module_globals,
-        original.__name__,
-        original.__defaults__,
-        original.__closure__,
-    )
-    forward.__kwdefaults__ = dict(original.__kwdefaults__ or {}) or None
-    functools.update_wrapper(forward, original, updated=())
-    del forward.__wrapped__  # it is not a wrapper: inspect.unwrap must stop here
+    forward = _rebuilt(original, module_globals)
     forward.__qualname__ = f"{original.__qualname__} (fusewise rotary)"
     namespace = {"forward": forward, "__module__": __name__, _BASE: base}
     return _MixinMeta(f"FusedRotary{base.__name__}", (), namespace)
