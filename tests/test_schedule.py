@@ -111,3 +111,44 @@ def test_no_device_sync_between_profiled_steps(monkeypatch):
         pass
     # ends 1 (warm-up), 2-4 (timed), 5-7 (profiled), 8 (recorded)
     assert synced_at == [1, 2, 3, 4, 7, 8]
+
+
+def test_the_garbage_collector_is_paused_while_a_session_runs_and_restored_after():
+    """A collection inside a session that frees another profile's kineto objects crashed the
+    process (capture/profiler.py): sessions pause the collector, and every way out restores it."""
+    import gc
+
+    from fusewise.capture import profiled
+
+    assert gc.isenabled()
+    prof = profiler.start(cuda=False)
+    assert not gc.isenabled()
+    profiler.stop(prof)
+    assert gc.isenabled()
+    profiler.resume_gc(prof)  # a second resume (a session stopped twice) changes nothing
+    assert gc.isenabled()
+    profiler.release(prof)
+
+    with profiled.ProfiledCapture(cuda=False) as cap:
+        assert not gc.isenabled()
+        torch.ones(3).sum()
+    assert gc.isenabled() and cap.graph is not None
+
+    calls = []
+
+    def step():  # raises in the profiled steps: the schedule's close() stops the session
+        calls.append(1)
+        if len(calls) == 3:
+            raise ValueError("step 3")
+        torch.ones(3).sum()
+
+    with pytest.raises(ValueError, match="step 3"):
+        fusewise.diagnose(step, steps=1, warmup=1)
+    assert gc.isenabled()
+
+    gc.disable()  # a user's own choice is kept
+    try:
+        profiler.stop(profiler.start(cuda=False))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

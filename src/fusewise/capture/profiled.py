@@ -24,8 +24,6 @@ Where it differs from the recorder's graph, and why: tests/test_capture_profiled
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from . import profiler
@@ -60,10 +58,7 @@ def start(cuda: bool) -> torch.profiler.profile:
         with_stack=True,
         experimental_config=config,
     )
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*Profiler clears events")
-        prof.__enter__()
-    return prof
+    return profiler.enter(prof)  # the garbage collector paused until profiler.stop(prof)
 
 
 def graph_from_profile(prof, cuda: bool | None = None) -> OpGraph:

@@ -21,19 +21,65 @@ def start(cuda: bool) -> torch.profiler.profile:
     acts = [torch.profiler.ProfilerActivity.CPU]
     if cuda:
         acts.append(torch.profiler.ProfilerActivity.CUDA)
-    prof = torch.profiler.profile(activities=acts)
-    with warnings.catch_warnings():
-        # torch 2.11 warns on every session that events are not accumulated across cycles:
-        # true, and nothing here accumulates them
-        warnings.filterwarnings("ignore", message=".*Profiler clears events")
-        prof.__enter__()
+    return enter(torch.profiler.profile(activities=acts))
+
+
+def enter(prof: torch.profiler.profile) -> torch.profiler.profile:
+    """Start a session, with the garbage collector paused until stop(prof) (see pause_gc)."""
+    pause_gc(prof)
+    try:
+        with warnings.catch_warnings():
+            # torch 2.11 warns on every session that events are not accumulated across cycles:
+            # true, and nothing here accumulates them
+            warnings.filterwarnings("ignore", message=".*Profiler clears events")
+            prof.__enter__()
+    except BaseException:
+        resume_gc(prof)
+        raise
     return prof
 
 
 def stop(prof: torch.profiler.profile) -> None:
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*Profiler clears events")
-        prof.__exit__(None, None, None)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*Profiler clears events")
+            prof.__exit__(None, None, None)
+    finally:
+        resume_gc(prof)
+
+
+# Sessions that hold the collector paused. A session's start collects the garbage left so far
+# (other sessions' profiles among it, a script's own or a test's never freed by hand) and the
+# collector stays off until it stops: a profile's kineto objects freed by a collection that runs
+# inside a session crashed the process (the H200 above; on the CPU, a segfault inside the
+# recorded step's optimizer in one pytest-xdist run of the suite in three). A few steps'
+# reference cycles wait for the session's end instead.
+_GC_PAUSED = "_fusewise_gc_paused"
+_gc_holds = 0
+_gc_was_enabled = True
+
+
+def pause_gc(session) -> None:
+    global _gc_holds, _gc_was_enabled
+    if getattr(session, _GC_PAUSED, False):
+        return
+    if _gc_holds == 0:
+        collect()
+        _gc_was_enabled = gc.isenabled()
+        gc.disable()
+    _gc_holds += 1
+    setattr(session, _GC_PAUSED, True)
+
+
+def resume_gc(session) -> None:
+    """Undo pause_gc(session); a second call (a session stopped twice) does nothing."""
+    global _gc_holds
+    if not getattr(session, _GC_PAUSED, False):
+        return
+    setattr(session, _GC_PAUSED, False)
+    _gc_holds -= 1
+    if _gc_holds == 0 and _gc_was_enabled:
+        gc.enable()
 
 
 def release(prof) -> None:
