@@ -232,9 +232,12 @@ def summary(rows: list[dict]) -> str:
         "\n# summary: fusewise % of copy ceiling, best peer, speed-up of fusewise over it; "
         "issue #13 target (bf16): >= 90% and faster than every peer"
     ]
-    keys = sorted({(r["op"], r["mode"], r["dtype"], r["shape"]) for r in rows})
-    for k in keys:
-        group = {r["provider"]: r for r in rows if (r["op"], r["mode"], r["dtype"], r["shape"]) == k}
+
+    def key(r):
+        return r["op"], r["mode"], r["dtype"], r["shape"]
+
+    for k in sorted({key(r) for r in rows}):
+        group = {r["provider"]: r for r in rows if key(r) == k}
         fw = group.get("fusewise")
         peers = [r for p, r in group.items() if p != "fusewise"]
         if not fw or not peers:
