@@ -213,6 +213,8 @@ def main(argv=None):
                     )
                     row["fwd_rel_error"] = "" if err == "" else f"{err:.2e}"
                     rows.append(row)
+                    if a.csv:  # each row as it is measured: a run cut short keeps what it had
+                        _rows.append_csv(a.csv, [row])
                     peak_txt = f"{peak / 1e9:6.2f} GB" if peak != "" else "   n/a   "
                     err_txt = f"err {err:.1e}" if err != "" else ""
                     print(
@@ -220,8 +222,6 @@ def main(argv=None):
                         f"{gbps:7.0f} GB/s {pct:5.1f}%  peak {peak_txt} {err_txt}",
                         flush=True,
                     )
-    if a.csv:
-        _rows.append_csv(a.csv, rows)
     print(summary(rows))
 
 

@@ -48,10 +48,10 @@ if [ "$what" != bench ]; then
     if [ -f "$t" ]; then TESTS="$TESTS $t"; else echo "# $t: not in this tree, skipped" | tee -a "$LOG"; fi
   done
   # shellcheck disable=SC2086
-  step tests "${TESTS_S:-80}" python -m pytest -q -p no:cacheprovider $TESTS
+  step tests "${TESTS_S:-70}" python -m pytest -q -p no:cacheprovider $TESTS
 fi
 if [ "$what" != tests ]; then
-  step gated "${GATED_S:-120}" python benchmarks/bench_gated.py $TINY_ARG --csv "$OUT/gated.csv"
+  step gated "${GATED_S:-150}" python benchmarks/bench_gated.py $TINY_ARG --csv "$OUT/gated.csv"
   step mlp_block "${MLP_S:-90}" python benchmarks/_mlp_block.py $TINY_ARG --timeout 60 \
     --csv "$OUT/mlp_block.csv"
   if [ -f benchmarks/bench_rotary.py ]; then
@@ -59,7 +59,7 @@ if [ "$what" != tests ]; then
   else
     echo "# benchmarks/bench_rotary.py: not in this tree, skipped" | tee -a "$LOG"
   fi
-  e2e_s=${E2E_S:-130}
+  e2e_s=${E2E_S:-110}
   step e2e "$e2e_s" python benchmarks/bench_e2e.py $TINY_ARG --variants eager,compile,liger,fusewise \
     --steps 12 --warmup 3 --compile-warmup 5 --timeout 60 --budget $((e2e_s - 15)) \
     --csv "$OUT/e2e.csv"
