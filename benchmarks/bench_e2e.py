@@ -287,6 +287,30 @@ def summary(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def issue13_targets(results: list[dict]) -> str:
+    """Issue #13's end-to-end targets checked against the measured variants: fusewise at least
+    10% faster than torch.compile (compile's median step time / fusewise's >= 1.10), and
+    fusewise's peak memory below Liger's. A target whose variants did not both run says so."""
+    by = {r["variant"]: r for r in results if "ms_median" in r}
+    fw = by.get("fusewise")
+    lines = ["issue #13 targets:"]
+    if fw and "compile" in by:
+        ratio = by["compile"]["ms_median"] / fw["ms_median"]
+        verdict = "met" if ratio >= 1.10 else "NOT met"
+        lines.append(f"  fusewise vs compile speed ratio {ratio:.3f} (>= 1.10): {verdict}")
+    else:
+        lines.append("  fusewise vs compile speed ratio: not checked (a variant did not run)")
+    if fw and "liger" in by and fw["peak_bytes"] is not None and by["liger"]["peak_bytes"]:
+        peak, liger = fw["peak_bytes"], by["liger"]["peak_bytes"]
+        verdict = "met" if peak < liger else "NOT met"
+        lines.append(
+            f"  fusewise peak {peak / 1e9:.2f} GB < liger peak {liger / 1e9:.2f} GB: {verdict}"
+        )
+    else:
+        lines.append("  fusewise peak < liger peak: not checked (a variant or its peak is missing)")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     which = ap.add_mutually_exclusive_group(required=True)
@@ -333,6 +357,7 @@ def main(argv=None):
             if a.csv and "ms_median" in results[-1]:  # each row as soon as it is measured
                 _rows.append_csv(a.csv, [make_row(results[-1], commit)])
     print(summary(results), flush=True)
+    print(issue13_targets(results), flush=True)
     if any("failed" in r for r in results):
         sys.exit(1)
 
