@@ -6,7 +6,10 @@ Byte model (fusewise.ops.rotary.cost.rotary, per pass, n = B·(Hq + Hkv)·S·D, 
   forward           reads q, k, cos, sin; writes q_out, k_out                2·n·s + 2·c·s
   forward+backward  the backward again with dq_out, dk_out -> dq, dk         twice that
 GB/s = those bytes / median time; % is of the device-to-device copy ceiling measured in the same
-run (hardware.measure_bandwidth). Liger reads only the first half of cos and sin (it assumes the
+run (hardware.measure_bandwidth). Each mode twice: eager calls (the host's Python, autograd and
+Triton's launcher included: what a training step pays) and, with "@graph", the same calls
+captured in a CUDA graph and replayed (the kernels alone), so a host cost and a kernel cost are
+told apart. Liger reads only the first half of cos and sin (it assumes the
 halves equal, as HF's rotary embedding makes them) and rotates q and k in place, so its timed
 calls keep rotating the same buffers (a rotation: the values stay bounded); it is costed with the
 same byte model. The default shape: B 4 x S 2048 x Hq 32 / Hkv 8 x D 128 (Llama-3-8B's heads).
@@ -41,7 +44,11 @@ TINY_SHAPE = (2, 8, 4, 2, 16)
 def _parse(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--shape", default="x".join(map(str, SHAPE)), help="BxSxHqxHkvxD")
-    p.add_argument("--modes", default="fwd,fwd_bwd")
+    p.add_argument(
+        "--modes",
+        default="fwd,fwd_bwd,fwd@graph,fwd_bwd@graph",
+        help="fwd, fwd_bwd; @graph: replayed from a CUDA graph (kernels only, no host time)",
+    )
     p.add_argument("--dtypes", default="bf16,fp32")
     p.add_argument("--providers", default="fusewise,torch,compile,liger")
     p.add_argument("--csv", default=None, help="append rows to this CSV")
@@ -113,7 +120,10 @@ def _timer(device):
 
 
 def bench_one(fn, mode, shape, dtype, device):
-    """(median ms, peak bytes above the inputs: 0 on the CPU)."""
+    """(median ms, peak bytes above the inputs: 0 on the CPU). mode "fwd" / "fwd_bwd" times eager
+    calls (host time included: Python, autograd, the launcher); with "@graph" appended, the same
+    calls captured once in a CUDA graph and replayed (the kernels alone)."""
+    mode, _, timing = mode.partition("@")
     q, k, cos, sin = inputs(shape, dtype, device)
     if mode == "fwd":
 
@@ -131,6 +141,19 @@ def bench_one(fn, mode, shape, dtype, device):
 
     run()  # compile / autotune outside the timing
     cuda = device.type == "cuda"
+    if timing == "graph":
+        if not cuda:
+            raise RuntimeError("CUDA graphs need a GPU")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graphs asks
+            for _ in range(3):
+                run()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        run = graph.replay
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -165,8 +188,10 @@ def main(argv=None):
     for dname in a.dtypes.split(","):
         dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[dname]
         for mode in a.modes.split(","):
+            if a.tiny and mode.endswith("@graph"):
+                continue
             one = cost.rotary(b * s * (hq + hkv) * d, b * s * d, dtype)
-            c = one if mode == "fwd" else one + one
+            c = one if mode.startswith("fwd@") or mode == "fwd" else one + one
             for prov, fn in provs.items():
                 try:
                     ms, peak = bench_one(fn, mode, shape, dtype, device)
@@ -184,7 +209,7 @@ def main(argv=None):
                     )
                 )
                 print(
-                    f"rotary {mode:7s} {dname:4s} {shape_id} {prov:9s} {ms:9.4f} ms "
+                    f"rotary {mode:13s} {dname:4s} {shape_id} {prov:9s} {ms:9.4f} ms "
                     f"{gbps:8.1f} GB/s {pct:5.1f}%  peak {peak / 2**20:7.1f} MiB",
                     flush=True,
                 )
@@ -205,7 +230,7 @@ def _summary(rows):
             continue
         best = min(peers, key=lambda r: r["ms"])
         print(
-            f"{key[0]:7s} {key[1]:4s} fusewise {fw['pct_of_ceiling']:5.1f}%  best peer "
+            f"{key[0]:13s} {key[1]:4s} fusewise {fw['pct_of_ceiling']:5.1f}%  best peer "
             f"{best['provider']:8s} {best['pct_of_ceiling']:5.1f}%  x{best['ms'] / fw['ms']:.2f}"
         )
 

@@ -26,9 +26,8 @@ TOL = {  # (rtol, atol) against float64: fp32 math, one rounding to the storage 
 def poisoned_rotary_outputs(monkeypatch):
     """The kernel's outputs start as NaN, so an element it never writes fails."""
 
-    def alloc(shape, strides, dtype, device):
-        out = torch.empty_strided(shape, strides, dtype=dtype, device=device)
-        return out.fill_(float("nan"))
+    def alloc(like):
+        return torch.empty_like(like).fill_(float("nan"))
 
     monkeypatch.setattr(rotary_launch, "alloc", alloc)
 
@@ -199,7 +198,9 @@ def test_matches_transformers(device):
     float64 than HF's own bf16 result (HF rounds every product, fusewise once)."""
     llama = pytest.importorskip("transformers.models.llama.modeling_llama")
     b, s, hq, hkv, d = 2, 6, 4, 2, 32
-    positions = torch.arange(s, device=device)[None].expand(b, s) + torch.tensor([[0], [3]])
+    positions = torch.arange(s, device=device)[None].expand(b, s) + torch.tensor(
+        [[0], [3]], device=device
+    )
     inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, device=device).double() / d))
     freqs = positions.double()[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from .._launch import next_power_of_2
 from . import kernels as K
 
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
@@ -36,7 +37,7 @@ def _flat(*ts: torch.Tensor) -> bool:
 
 def _grid(m: int, n: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, column blocks, programs) for [m, n]."""
-    block_n = min(triton.next_power_of_2(max(n, 1)), MAX_BLOCK_N)
+    block_n = min(next_power_of_2(max(n, 1)), MAX_BLOCK_N)
     block_m = max(1, TILE_ELEMENTS // block_n)
     n_col = triton.cdiv(n, block_n)
     return block_m, block_n, n_col, triton.cdiv(m, block_m) * n_col

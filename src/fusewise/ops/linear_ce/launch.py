@@ -33,7 +33,7 @@ import triton
 from torch import Tensor
 
 from .. import _dispatch
-from .._launch import sm_count
+from .._launch import next_power_of_2, sm_count
 from . import reference
 from .kernels import ce_rows_kernel, scale_kernel
 
@@ -69,7 +69,7 @@ def ce_rows_triton(z, target, loss, lse, scale, opts):
     rows, v = z.shape
     if rows == 0:
         return
-    block = min(BLOCK_V, triton.next_power_of_2(v))
+    block = min(BLOCK_V, next_power_of_2(v))
     programs = min(rows, _programs(z.device))
     write_grad = scale is not None
     per_row = write_grad and scale.numel() > 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .._launch import sm_count
+from .._launch import next_power_of_2, sm_count
 from . import kernels as K
 
 # Widest row the block path keeps in registers (fp32 values per thread stay <= 32 at 16 warps).
@@ -57,7 +57,7 @@ def _programs_per_wave(device: torch.device) -> int:
 
 def block_config(n: int, backward: bool = False, is_rms: bool = True) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for rows of n elements on the block path."""
-    block_n = triton.next_power_of_2(n)
+    block_n = next_power_of_2(n)
     if not backward:
         tile, per_thread = TILE_ELEMENTS_FWD, FWD_ELEMENTS_PER_THREAD
     elif is_rms:

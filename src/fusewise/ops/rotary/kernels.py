@@ -3,8 +3,10 @@
 One program per (b, s) row: it loads that row's cos and sin once (fp32), then walks the heads of
 q and then those of k in [BLOCK_H, BLOCK_HALF] tiles of rotation pairs, each tile reading its two
 halves of x once and writing them once, plus the pass-through features Dr..D-1 copied as they
-are. Every tensor has its own strides (q and k [B, H, S, D], the outputs too, cos and sin
-[B, S, Dr] with stride 0 along B for a broadcast), so HF's transposed q is read in place.
+are. q and k [B, H, S, D] have their own strides over B, H and S (HF's transposed q is read in
+place), features adjacent; each output has its input's strides; cos and sin [B, S, Dr] have
+strides over B (0 for a broadcast) and S, features adjacent. Few arguments on purpose: Triton's
+launcher costs host time per argument, and at Llama's sizes the host, not the GPU, set the time.
 
 The pair of feature i < h = Dr / 2 is (a, b) = (i, i + h) (rotate_half, "NeoX") or (2i, 2i + 1)
 (INTERLEAVED, GPT-J). Forward, the rotation R:
@@ -24,10 +26,7 @@ from .._launch import round_to as _round
 def _rotate_heads(
     X,
     OUT,
-    stride_xh,
-    stride_xd,
-    stride_oh,
-    stride_od,
+    stride_h,
     n_heads,
     fa,
     fb,
@@ -41,24 +40,25 @@ def _rotate_heads(
     HAS_TAIL: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    """Rotates the n_heads heads of one (b, s) row; X, OUT point at the row's head 0, feature 0."""
+    """Rotates the n_heads heads of one (b, s) row; X, OUT point at the row's head 0, feature 0
+    (both: heads stride_h apart, features adjacent)."""
     for h0 in tl.range(0, n_heads, BLOCK_H):
         heads = h0 + tl.arange(0, BLOCK_H)
         head_mask = heads < n_heads
         heads = heads.to(tl.int64)
-        x_row = X + heads[:, None] * stride_xh
-        o_row = OUT + heads[:, None] * stride_oh
+        x_row = X + heads[:, None] * stride_h
+        o_row = OUT + heads[:, None] * stride_h
         mask = head_mask[:, None] & pair_mask[None, :]
-        xa = tl.load(x_row + fa[None, :] * stride_xd, mask=mask, other=0.0).to(tl.float32)
-        xb = tl.load(x_row + fb[None, :] * stride_xd, mask=mask, other=0.0).to(tl.float32)
+        xa = tl.load(x_row + fa[None, :], mask=mask, other=0.0).to(tl.float32)
+        xb = tl.load(x_row + fb[None, :], mask=mask, other=0.0).to(tl.float32)
         ya = xa * ca[None, :] - xb * sa[None, :]
         yb = xb * cb[None, :] + xa * sb[None, :]
-        tl.store(o_row + fa[None, :] * stride_od, _round(ya, OUT.dtype.element_ty), mask=mask)
-        tl.store(o_row + fb[None, :] * stride_od, _round(yb, OUT.dtype.element_ty), mask=mask)
+        tl.store(o_row + fa[None, :], _round(ya, OUT.dtype.element_ty), mask=mask)
+        tl.store(o_row + fb[None, :], _round(yb, OUT.dtype.element_ty), mask=mask)
         if HAS_TAIL:  # features Dr..D-1: copied bit for bit (same dtype in and out)
             mask_t = head_mask[:, None] & tail_mask[None, :]
-            t = tl.load(x_row + ft[None, :] * stride_xd, mask=mask_t)
-            tl.store(o_row + ft[None, :] * stride_od, t, mask=mask_t)
+            t = tl.load(x_row + ft[None, :], mask=mask_t)
+            tl.store(o_row + ft[None, :], t, mask=mask_t)
 
 
 @triton.jit
@@ -77,25 +77,13 @@ def rotary_kernel(
     stride_qb,
     stride_qh,
     stride_qs,
-    stride_qd,
     stride_kb,
     stride_kh,
     stride_ks,
-    stride_kd,
-    stride_qob,
-    stride_qoh,
-    stride_qos,
-    stride_qod,
-    stride_kob,
-    stride_koh,
-    stride_kos,
-    stride_kod,
     stride_cb,
     stride_cs,
-    stride_cd,
     stride_sb,
     stride_ss,
-    stride_sd,
     INTERLEAVED: tl.constexpr,
     BACKWARD: tl.constexpr,
     HAS_TAIL: tl.constexpr,
@@ -120,10 +108,10 @@ def rotary_kernel(
         fb = i + half
     cos_row = COS + b * stride_cb + s * stride_cs
     sin_row = SIN + b * stride_sb + s * stride_ss
-    ca = tl.load(cos_row + fa * stride_cd, mask=pair_mask, other=0.0).to(tl.float32)
-    cb = tl.load(cos_row + fb * stride_cd, mask=pair_mask, other=0.0).to(tl.float32)
-    sa = tl.load(sin_row + fa * stride_sd, mask=pair_mask, other=0.0).to(tl.float32)
-    sb = tl.load(sin_row + fb * stride_sd, mask=pair_mask, other=0.0).to(tl.float32)
+    ca = tl.load(cos_row + fa, mask=pair_mask, other=0.0).to(tl.float32)
+    cb = tl.load(cos_row + fb, mask=pair_mask, other=0.0).to(tl.float32)
+    sa = tl.load(sin_row + fa, mask=pair_mask, other=0.0).to(tl.float32)
+    sb = tl.load(sin_row + fb, mask=pair_mask, other=0.0).to(tl.float32)
     if BACKWARD:  # Rᵀ: sin[a] -> -sin[b], sin[b] -> -sin[a]
         sin_a = sa
         sa = -sb
@@ -133,11 +121,8 @@ def rotary_kernel(
     ft = 2 * half + j.to(tl.int64)
     _rotate_heads(
         Q + b * stride_qb + s * stride_qs,
-        QO + b * stride_qob + s * stride_qos,
+        QO + b * stride_qb + s * stride_qs,
         stride_qh,
-        stride_qd,
-        stride_qoh,
-        stride_qod,
         n_q_heads,
         fa,
         fb,
@@ -153,11 +138,8 @@ def rotary_kernel(
     )
     _rotate_heads(
         K + b * stride_kb + s * stride_ks,
-        KO + b * stride_kob + s * stride_kos,
+        KO + b * stride_kb + s * stride_ks,
         stride_kh,
-        stride_kd,
-        stride_koh,
-        stride_kod,
         n_k_heads,
         fa,
         fb,

@@ -31,7 +31,7 @@ from . import launch, reference
 
 def forward_impl(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool):
     """q [B, Hq, S, D], k [B, Hkv, S, D], cos, sin [B | 1, S, Dr]. Returns (R q, R k), each in its
-    input's layout when dense, else contiguous (launch.output_strides)."""
+    input's layout when dense, else contiguous (launch.in_and_out)."""
     path = _dispatch.choose_path("apply_rotary", q, k)
     if path == _dispatch.REFERENCE:
         q_out, k_out = reference.rotary_forward(q, k, cos, sin, interleaved)
@@ -52,10 +52,8 @@ def backward_impl(dq_out, dk_out, cos, sin, interleaved: bool, need_dq: bool, ne
 
 def _in_layout(out: Tensor, like: Tensor) -> Tensor:
     """out with the strides the kernel would have given it (the fake tensors promise them)."""
-    strides = launch.output_strides(like)
-    if out.stride() == strides:
-        return out
-    return torch.empty_strided(out.shape, strides, dtype=out.dtype, device=out.device).copy_(out)
+    target = launch.in_and_out(like, True)[1]
+    return out if out.stride() == target.stride() else target.copy_(out)
 
 
 def rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool):
@@ -108,9 +106,7 @@ def _check_layout(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> None:
 
 
 def _fake_output(like: Tensor, needed: bool = True) -> Tensor:
-    if not needed:
-        return like.new_empty(0)
-    return like.new_empty_strided(like.shape, launch.output_strides(like))
+    return launch.in_and_out(like, needed)[1]
 
 
 @torch.library.custom_op("fusewise::rotary_fwd", mutates_args=())
