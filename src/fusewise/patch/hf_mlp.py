@@ -15,8 +15,19 @@ derives from FusedGatedMLP (or FusedGateUpMLP) and the MLP's own class, so the o
 Parameters and state_dict keys stay; the activation is kept on the instance (_swap.set_attr), so
 unpatch removes it. Mixtral's experts are not this shape and are not looked at.
 
-Autograd then keeps gate and up of each MLP (the fused op recomputes the activation) instead of
-gate, act(gate) and up: one [tokens, intermediate] tensor less per layer.
+What autograd keeps. Where down_proj is exactly torch.nn.Linear (decided at patch time and said
+in the report's reason) and, on each call, no hook runs around it (its own forward/backward
+hooks or torch's global module hooks), its weight and bias have the product's dtype, autocast
+would not change that dtype, and neither torch.compile nor a dispatch mode is tracing
+(_dispatch.through_custom_op), the patched forward runs the gated product and down_proj as one
+autograd node (ops/gated/down.py): autograd keeps gate and up of each MLP and nothing else of
+[tokens, intermediate], the product being recomputed in the backward; HF's MLP keeps gate,
+act(gate), up and the product. When, besides, every module producing gate and up (gate_proj and
+up_proj, or gate_up_proj) is such a hook-free nn.Linear, whose output nothing else holds, the
+backward writes dgate and dup over gate and up (their version counters bumped: a second backward
+through a retained graph raises autograd's in-place error). Otherwise (a LoRA, quantized,
+parametrized or FSDP subclass, a hook, another dtype, compiling) the forward is swiglu / geglu
+followed by down_proj's own call, which keeps the product: gate, up and the product per MLP.
 
 Every swap is checked on a probe input [2, 3, hidden] in the weights' dtype against the original
 forward, within a relative tolerance of 1e-5 (fp32; 4 ulps for bf16/fp16, where HF rounds
