@@ -226,6 +226,22 @@ def test_down_proj_not_plain_falls_back_and_matches(change, device):
         torch.testing.assert_close(grads[name], want[2][name], **FP32, msg=name)
 
 
+def test_autocast_to_bf16_over_fp32_weights_falls_back_and_matches(device):
+    """Under autocast the projections give bf16 while down_proj's weight is fp32: the product
+    and down_proj's own call (which autocast runs in bf16), saved as HF's is, same results."""
+    mlp = _mlp("llama", device)
+    patched, _ = _patched(mlp)
+    x, dy = _inputs(mlp, device)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        y, dx, grads, saved = _run(patched, x, dy.bfloat16())
+        want = _run(mlp, x, dy.bfloat16())
+    assert y.dtype == want[0].dtype == torch.bfloat16
+    assert len(saved) == 3  # gate, up and the product (down_proj's)
+    torch.testing.assert_close(y, want[0], atol=2e-2, rtol=2e-2)
+    for name in grads:
+        torch.testing.assert_close(grads[name], want[2][name], atol=2e-2, rtol=2e-2, msg=name)
+
+
 def test_frozen_parameters_get_no_gradient(device):
     """needs_input_grad: with x and gate_proj frozen dgate is not needed, with down_proj's weight
     frozen dweight neither; the gradients asked for still match."""
