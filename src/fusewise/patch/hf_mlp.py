@@ -15,8 +15,19 @@ derives from FusedGatedMLP (or FusedGateUpMLP) and the MLP's own class, so the o
 Parameters and state_dict keys stay; the activation is kept on the instance (_swap.set_attr), so
 unpatch removes it. Mixtral's experts are not this shape and are not looked at.
 
-Autograd then keeps gate and up of each MLP (the fused op recomputes the activation) instead of
-gate, act(gate) and up: one [tokens, intermediate] tensor less per layer.
+What autograd keeps. Where down_proj is exactly torch.nn.Linear (decided at patch time and said
+in the report's reason) and, on each call, no hook runs around it (its own forward/backward
+hooks or torch's global module hooks), its weight and bias have the product's dtype, autocast
+would not change that dtype, and neither torch.compile nor a dispatch mode is tracing
+(_dispatch.through_custom_op), the patched forward runs the gated product and down_proj as one
+autograd node (ops/gated/down.py): autograd keeps gate and up of each MLP and nothing else of
+[tokens, intermediate], the product being recomputed in the backward; HF's MLP keeps gate,
+act(gate), up and the product. When, besides, every module producing gate and up (gate_proj and
+up_proj, or gate_up_proj) is such a hook-free nn.Linear, whose output nothing else holds, the
+backward writes dgate and dup over gate and up (their version counters bumped: a second backward
+through a retained graph raises autograd's in-place error). Otherwise (a LoRA, quantized,
+parametrized or FSDP subclass, a hook, another dtype, compiling) the forward is swiglu / geglu
+followed by down_proj's own call, which keeps the product: gate, up and the product per MLP.
 
 Every swap is checked on a probe input [2, 3, hidden] in the weights' dtype against the original
 forward, within a relative tolerance of 1e-5 (fp32; 4 ulps for bf16/fp16, where HF rounds
@@ -30,6 +41,8 @@ from __future__ import annotations
 import torch
 
 from .. import ops
+from ..ops import _dispatch
+from ..ops.gated.down import gated_down
 from . import _probe, _swap
 from .report import Change
 
@@ -92,22 +105,69 @@ def _gated(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
     return ops.geglu(gate, up, approximate="tanh" if act == "gelu_tanh" else "none")
 
 
+_HOOK_ATTRS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+# torch's hooks on every module (register_module_forward_hook, ...), looked up on each call
+_GLOBAL_HOOKS = tuple(f"_global{a}" for a in (*_HOOK_ATTRS, "_forward_hooks_always_called"))
+
+
+def plain_linear(module) -> bool:
+    """module is exactly torch.nn.Linear (not a LoRA, quantized, parametrized or FSDP subclass,
+    whose forward is more than F.linear) and no hook of its own runs around it."""
+    return type(module) is torch.nn.Linear and not any(
+        getattr(module, attr, None) for attr in _HOOK_ATTRS
+    )
+
+
+def _no_global_hooks() -> bool:
+    return not any(getattr(torch.nn.modules.module, name, None) for name in _GLOBAL_HOOKS)
+
+
+def _down(mlp, gate: torch.Tensor, up: torch.Tensor, act: str, producers) -> torch.Tensor:
+    """down_proj(act(gate) * up): as one node that recomputes the product (ops/gated/down.py)
+    when down_proj is a plain nn.Linear in the product's dtype, eager and hook-free, else the
+    gated op then down_proj. gate and up are written over by their own gradients only when
+    every module producing them is a plain nn.Linear too (a hook could have kept them)."""
+    down = mlp.down_proj
+    fused = (
+        gate.numel() > 0
+        and not _dispatch.through_custom_op()
+        and plain_linear(down)
+        and _no_global_hooks()
+        and down.weight.dtype == gate.dtype
+        and (down.bias is None or down.bias.dtype == gate.dtype)
+        and not _autocast_to_another_dtype(gate)
+    )
+    if not fused:
+        return down(_gated(gate, up, act))
+    overwrite = all(plain_linear(p) for p in producers)
+    return gated_down(gate, up, act, down.weight, down.bias, overwrite_inputs=overwrite)
+
+
+def _autocast_to_another_dtype(t: torch.Tensor) -> bool:
+    """Autocast would run down_proj in a dtype other than t's (the fused node computes in t's)."""
+    kind = t.device.type
+    return torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) != t.dtype
+
+
 class FusedGatedMLP:
-    """down_proj(act(gate_proj(x)) * up_proj(x)) with the product fused; first base of the
-    swapped class (_swap.subclass), so its forward wins."""
+    """down_proj(act(gate_proj(x)) * up_proj(x)) with the product fused (and, see _down, the
+    down projection with it); first base of the swapped class (_swap.subclass), so its forward
+    wins."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         act = getattr(self, ACT_ATTR)
-        return self.down_proj(_gated(self.gate_proj(x), self.up_proj(x), act))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        return _down(self, gate, up, act, (self.gate_proj, self.up_proj))
 
 
 class FusedGateUpMLP:
-    """Phi-3's: gate and up are the two halves of gate_up_proj(x), read in place."""
+    """Phi-3's: gate and up are the two halves of gate_up_proj(x), read (and, see _down,
+    written) in place."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         act = getattr(self, ACT_ATTR)
         gate, up = self.gate_up_proj(hidden_states).chunk(2, dim=-1)
-        return self.down_proj(_gated(gate, up, act))
+        return _down(self, gate, up, act, (self.gate_up_proj,))
 
 
 _MIXINS = {SEPARATE: FusedGatedMLP, GATE_UP: FusedGateUpMLP}
@@ -174,7 +234,7 @@ def patch_module(name: str, module: torch.nn.Module) -> Change | None:
     )
     if mismatch is not None:
         return alone(f"{mismatch}; left as it is")
-    reason = f"down_proj({_CALL[act]}): {act_reason}"
+    reason = f"{_down_words(module, act)}: {act_reason}"
     if cls is not base:
         reason = f"defines no forward of its own: still a {was}; {reason}"
     return Change(name, was, _NOW[act], reason, what="activation")
@@ -185,3 +245,15 @@ def _probe_weight(module: torch.nn.Module, layout: str) -> torch.Tensor | str:
     proj = getattr(module, "gate_proj" if layout == SEPARATE else "gate_up_proj", None)
     weight = getattr(proj, "weight", None)
     return _probe.unprobeable(weight, 2) or weight
+
+
+def _down_words(module: torch.nn.Module, act: str) -> str:
+    """What the patched forward computes, decided by down_proj's class (hooks and dtypes are
+    checked on every call: _down)."""
+    down = getattr(module, "down_proj", None)
+    if type(down) is torch.nn.Linear:
+        return f"down_proj({_CALL[act]}) in one node, the product recomputed in the backward"
+    return (
+        f"down_proj({_CALL[act]}), the product kept by down_proj: it is a "
+        f"{_swap.qualname(type(down))}, not exactly torch.nn.Linear"
+    )

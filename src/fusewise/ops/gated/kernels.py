@@ -3,7 +3,9 @@ GELU, exact or tanh-approximated), forward and backward.
 
 Both kernels walk a [M, N] view in [BLOCK_M, BLOCK_N] tiles (a 1-D grid, tile -> (row block,
 column block)); gate, up and dy have unit stride along N and any row stride (0 for a broadcast,
-2·N for the two halves of a fused gate_up projection); the outputs are contiguous [M, N]. The
+2·N for the two halves of a fused gate_up projection); the forward's output is contiguous [M, N],
+the backward's outputs have unit stride along N and their own row strides (over gate and up
+themselves when the launcher is given them as out= buffers). The
 launcher views contiguous inputs as one row [1, M·N], so the common case is a flat stream.
 Math in fp32 whatever the storage dtype, one rounding at the store. Offsets are int64.
 
@@ -92,6 +94,8 @@ def gated_bwd_kernel(
     stride_g,
     stride_u,
     stride_dy,
+    stride_dg,
+    stride_du,
     n_col_blocks,
     ACT: tl.constexpr,
     NEED_DG: tl.constexpr,
@@ -100,16 +104,22 @@ def gated_bwd_kernel(
     BLOCK_N: tl.constexpr,
 ):
     """dgate = dy * up * act'(gate), dup = dy * act(gate), the activation recomputed from gate:
-    reads gate, up (only if dgate is needed) and dy once, writes dgate and dup once."""
+    reads gate, up (only if dgate is needed) and dy once, writes dgate and dup once.
+
+    DG may be G and DU may be U (the launcher's out= buffers, written over the inputs): every
+    element is loaded before it is stored, by the same thread, since the loads and the stores
+    take their offsets from the same rows and cols (one layout), and no two programs share an
+    element."""
     rows, cols, mask = _tile(tl.program_id(0), M, N, n_col_blocks, BLOCK_M, BLOCK_N)
     g = tl.load(G + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0)
     dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
     a, da = _activation(g.to(tl.float32), ACT, NEED_DG)
     dy = dy.to(tl.float32)
-    out = rows[:, None] * N + cols[None, :]
     if NEED_DG:
         u = tl.load(U + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0)
         dg = dy * u.to(tl.float32) * da
+        out = rows[:, None] * stride_dg + cols[None, :]
         tl.store(DG + out, _round(dg, DG.dtype.element_ty), mask=mask)
     if NEED_DU:
+        out = rows[:, None] * stride_du + cols[None, :]
         tl.store(DU + out, _round(dy * a, DU.dtype.element_ty), mask=mask)

@@ -2,9 +2,10 @@
 
 Inputs arrive as [M, N] with unit stride along N (op.py arranges it; rows may have any stride,
 0 included). When every input's rows are back to back the launchers view them as a single row
-[1, M·N]: a flat stream of full tiles, no row arithmetic. Outputs are contiguous [M, N].
-No host-device synchronisation: only shapes and strides are read, so the launches capture in
-CUDA graphs.
+[1, M·N]: a flat stream of full tiles, no row arithmetic. Outputs they allocate are contiguous
+[M, N]; the backward's internal out= buffers (written over gate and up by ops/gated/down.py)
+may have any row stride of at least N. No host-device synchronisation: only shapes and strides
+are read, so the launches capture in CUDA graphs.
 """
 
 from __future__ import annotations
@@ -76,30 +77,51 @@ def gated_backward(
     act: str,
     need_dgate: bool = True,
     need_dup: bool = True,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """dy, gate, up: [M, N]. Returns (dgate, dup), contiguous [M, N] in gate's dtype; one that
-    is not needed comes back empty (0 elements) and is not computed."""
+    is not needed comes back empty (0 elements) and is not computed.
+
+    out (internal, ops/gated/down.py): (dgate, dup) buffers [M, N] in gate's dtype with unit
+    stride along N and rows that do not overlap, written instead of new ones and returned: gate
+    and up themselves may be given (each element is read before it is written), the caller then
+    owns the fact that they are overwritten. Not for the public ops, which never write over a
+    user's tensors."""
     m, n = gate.shape
     dev, dtype = gate.device, gate.dtype
-    dg = alloc((m, n), dtype, dev) if need_dgate else torch.empty(0, dtype=dtype, device=dev)
-    du = alloc((m, n), dtype, dev) if need_dup else torch.empty(0, dtype=dtype, device=dev)
+    if out is not None:
+        _check_out(out, m, n, dtype, dev)
+        dg, du = out
+    else:
+        dg = alloc((m, n), dtype, dev) if need_dgate else None
+        du = alloc((m, n), dtype, dev) if need_dup else None
+    empty = torch.empty(0, dtype=dtype, device=dev)
+    dg, du = (dg if need_dgate else empty), (du if need_dup else empty)
     if m * n == 0 or not (need_dgate or need_dup):
         return dg, du
-    if _flat(gate, up, dy):
+    outs = [t for t in (dg, du) if t.numel()]
+    if _flat(gate, up, dy, *outs):
         flat = (1, m * n)
         gate, up, dy, m, n = gate.reshape(flat), up.reshape(flat), dy.reshape(flat), 1, m * n
+        # view, never reshape: a copy would take the writes meant for the caller's buffer
+        dg_k, du_k = (t.view(flat) if t.numel() else t for t in (dg, du))
+    else:
+        dg_k, du_k = dg, du
     block_m, block_n, n_col, programs = _grid(m, n)
     K.gated_bwd_kernel[(programs,)](
         gate,
         up,
         dy,
-        dg if need_dgate else dy,
-        du if need_dup else dy,
+        dg_k if need_dgate else dy,
+        du_k if need_dup else dy,
         m,
         n,
         gate.stride(0),
         up.stride(0),
         dy.stride(0),
+        dg_k.stride(0) if need_dgate else 0,
+        du_k.stride(0) if need_dup else 0,
         n_col,
         ACT=ACTIVATIONS[act],
         NEED_DG=need_dgate,
@@ -109,3 +131,24 @@ def gated_backward(
         num_warps=BWD_WARPS,
     )
     return dg, du
+
+
+def _check_out(out, m: int, n: int, dtype, device) -> None:
+    """What the kernel assumes of out= buffers: [M, N], gate's dtype and device, unit stride
+    along N, rows apart (no stride-0 broadcast: two programs would write one element)."""
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise TypeError(f"out must be a (dgate, dup) tuple of tensors, got {type(out).__name__}")
+    for name, t in zip(("dgate", "dup"), out):
+        bad = (
+            t.shape != (m, n)
+            or t.dtype != dtype
+            or t.device != device
+            or (n > 1 and t.stride(1) != 1)
+            or (m > 1 and t.stride(0) < n)
+        )
+        if bad:
+            raise ValueError(
+                f"out {name} must be [{m}, {n}] {dtype} on {device} with unit stride along N "
+                f"and non-overlapping rows, got {tuple(t.shape)} {t.dtype} on {t.device} "
+                f"strides {t.stride()}"
+            )

@@ -38,12 +38,17 @@ def forward_impl(gate: Tensor, up: Tensor, act: str) -> Tensor:
     return launch.gated_forward(gate, up, act)
 
 
-def backward_impl(dy, gate, up, act: str, need_dgate: bool, need_dup: bool):
-    """Returns (dgate, dup), each contiguous [M, N] or empty when not needed."""
+def backward_impl(dy, gate, up, act: str, need_dgate: bool, need_dup: bool, out=None):
+    """Returns (dgate, dup), each contiguous [M, N] or empty when not needed. out (internal,
+    down.py): (dgate, dup) buffers to write instead, gate and up themselves allowed (launch.py);
+    the reference path computes new ones and copies them in."""
     path = _dispatch.choose_path(_NAMES[act] + ".backward", dy, gate, up)
-    if path == _dispatch.REFERENCE:
-        return reference.gated_backward(dy, gate, up, act, need_dgate, need_dup)
-    return launch.gated_backward(dy, gate, up, act, need_dgate, need_dup)
+    if path != _dispatch.REFERENCE:
+        return launch.gated_backward(dy, gate, up, act, need_dgate, need_dup, out=out)
+    dg, du = reference.gated_backward(dy, gate, up, act, need_dgate, need_dup)
+    if out is None:
+        return dg, du
+    return tuple(o.copy_(t) if t.numel() else t for o, t in zip(out, (dg, du)))
 
 
 def gated(gate: Tensor, up: Tensor, act: str) -> Tensor:
