@@ -152,8 +152,16 @@ def test_rotary_on_q_and_k_is_rotary_forward_and_backward(capture, rotate):
 
 
 def test_a_registered_rotary_fix_is_what_the_finding_recommends(monkeypatch):
-    """As the rotary op family will do when imported: its fix comes first, the generic after."""
-    monkeypatch.setattr(fixes, "_REGISTERED", {k: list(v) for k, v in fixes._REGISTERED.items()})
+    """fusewise's rotary family registers its fix when imported: the finding recommends it first,
+    the generic fix after; and through the registry alone (another family in its place)."""
+    found = findings(Recorder, _attention_inputs(rotate_half))
+    rotary = [f for f in found if f.pattern == "rotary"]
+    assert rotary and all(
+        f.fix.startswith("fusewise.ops.apply_rotary(q, k, cos, sin)") for f in rotary
+    )
+    assert all("; or torch.compile the rotary" in f.fix for f in rotary)
+    registry = {k: list(v) for k, v in fixes._REGISTERED.items() if k != ("fusion-chain", "rotary")}
+    monkeypatch.setattr(fixes, "_REGISTERED", registry)
     fixes.register(
         "fusion-chain",
         "rotary",
