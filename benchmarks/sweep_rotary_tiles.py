@@ -1,7 +1,8 @@
 """The rotary kernel's tile (elements per tile) and warps, swept on the GPU at bench_rotary's shape:
 the choice behind ops/rotary/launch.py's TILE_ELEMENTS and NUM_WARPS (set there as module
 attributes, read at each call). Forward and forward+backward in bf16, % of the copy ceiling by
-the same byte model as bench_rotary.py.
+the same byte model as bench_rotary.py, timed as CUDA-graph replays (the kernels alone: eager
+calls at this size are host-bound).
 
     python benchmarks/sweep_rotary_tiles.py [--csv out.csv]
 """
@@ -34,12 +35,12 @@ def main(argv=None):
     for tile in TILES:
         for warps in WARPS:
             launch.TILE_ELEMENTS, launch.NUM_WARPS = tile, warps
-            for mode in ("fwd", "fwd_bwd"):
+            for mode in ("fwd@graph", "fwd_bwd@graph"):  # the kernels alone: no host time
                 ms, _ = bench_rotary.bench_one(
                     fusewise.ops.apply_rotary, mode, bench_rotary.SHAPE, dtype, device
                 )
                 one = cost.rotary(b * s * (hq + hkv) * d, b * s * d, dtype).bytes
-                nbytes = one * (2 if mode == "fwd_bwd" else 1)
+                nbytes = one * (1 if mode.startswith("fwd@") else 2)
                 pct = 100 * nbytes / (ms * 1e-3) / (copy_gbps * 1e9)
                 lines.append(f"{tile},{warps},{mode},{ms:.4f},{pct:.1f}")
                 print(lines[-1], flush=True)
