@@ -4,10 +4,10 @@
 # bench_rotary.py when it exists, and the end-to-end step (bench_e2e.py: eager, compile, liger,
 # fusewise). Each step under its own `timeout`; a step that fails or runs out of time is reported
 # and the next one runs. Under $OUT: issue13.log (the header and every step's output) and one CSV
-# per benchmark (gated.csv, mlp_block.csv, rotary.csv, e2e.csv): 5 files, under the 8 that come
-# back. The summary (each step's status and its table) is printed last.
+# per benchmark (gated.csv, mlp_block.csv, rotary.csv, rotary_tiles.csv, e2e.csv): 6 files, under
+# the 8 that come back. The summary (each step's status and its table) is printed last.
 # Usage on the GPU machine: FUSEWISE_COMMIT=<hash> bash benchmarks/gpu_issue13.sh [tests|bench|all]
-# Time limits (seconds) can be changed: TESTS_S GATED_S MLP_S ROTARY_S E2E_S. TINY=1 passes
+# Time limits (seconds) can be changed: TESTS_S GATED_S MLP_S ROTARY_S TILES_S E2E_S. TINY=1 passes
 # --tiny to the benchmarks (a smoke test of this script on a machine without a GPU).
 set -u
 what=${1:-all}
@@ -43,21 +43,23 @@ step() {
 
 if [ "$what" != bench ]; then
   TESTS=""
-  for t in tests/test_gated.py tests/test_rotary.py tests/test_patch_hf_mlp.py \
-      tests/test_patch_hf_rotary.py tests/test_chain_patterns.py; do
+  # the op, patch and diagnosis tests of issue #13, and those of what the session also changed
+  # (the capture's sessions, verify's groups)
+  for t in tests/test_gated.py tests/test_gated_mlp.py tests/test_rotary.py \
+      tests/test_patch_hf_mlp.py tests/test_patch_hf_rotary.py tests/test_chain_patterns.py \
+      tests/test_schedule.py tests/test_capture_profiled.py tests/test_verify.py; do
     if [ -f "$t" ]; then TESTS="$TESTS $t"; else echo "# $t: not in this tree, skipped" | tee -a "$LOG"; fi
   done
   # shellcheck disable=SC2086
-  step tests "${TESTS_S:-70}" python -m pytest -q -p no:cacheprovider $TESTS
+  step tests "${TESTS_S:-200}" python -m pytest -q -p no:cacheprovider $TESTS
 fi
 if [ "$what" != tests ]; then
   step gated "${GATED_S:-150}" python benchmarks/bench_gated.py $TINY_ARG --csv "$OUT/gated.csv"
   step mlp_block "${MLP_S:-90}" python benchmarks/_mlp_block.py $TINY_ARG --timeout 60 \
     --csv "$OUT/mlp_block.csv"
-  if [ -f benchmarks/bench_rotary.py ]; then
-    step rotary "${ROTARY_S:-60}" python benchmarks/bench_rotary.py $TINY_ARG --csv "$OUT/rotary.csv"
-  else
-    echo "# benchmarks/bench_rotary.py: not in this tree, skipped" | tee -a "$LOG"
+  step rotary "${ROTARY_S:-80}" python benchmarks/bench_rotary.py $TINY_ARG --csv "$OUT/rotary.csv"
+  if [ -z "${TINY:-}" ]; then
+    step tiles "${TILES_S:-40}" python benchmarks/sweep_rotary_tiles.py --csv "$OUT/rotary_tiles.csv"
   fi
   e2e_s=${E2E_S:-110}
   step e2e "$e2e_s" python benchmarks/bench_e2e.py $TINY_ARG --variants eager,compile,liger,fusewise \
@@ -90,6 +92,7 @@ show() {
   show gated "^# summary"
   show mlp_block "^# MLP block"
   show rotary "^# summary"
+  show tiles "^# copy ceiling"
   show e2e "^variant "
 } 2>&1 | tee -a "$LOG"
 rm -rf "$TMPD"
