@@ -152,3 +152,64 @@ def test_the_garbage_collector_is_paused_while_a_session_runs_and_restored_after
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_the_recorded_session_starts_after_optimizer_step_returns():
+    """capture/_deferred.py: started from optimizer.step()'s post hook, the start waits for the
+    step to return and runs at the script's next Python call, once; nothing is left installed."""
+    import sys
+
+    from fusewise.capture import _deferred
+
+    events = []
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def hook(*_):
+        if not events:
+            events.append(("armed", _deferred.after_optimizer_step(lambda: events.append("start"))))
+
+    def next_call():
+        events.append("next call")
+
+    handle = opt.register_step_post_hook(hook)
+    try:
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        events.append("step returned")
+        torch.ones(2).sum()  # a C call from here: not a Python call, starts nothing
+        events.append("after a C call")
+        next_call()
+    finally:
+        handle.remove()
+        _deferred.disarm()
+    assert events == [("armed", True), "step returned", "after a C call", "start", "next call"]
+    assert sys.getprofile() is None
+
+    # outside optimizer.step(), or with another profile function installed: not deferred
+    assert _deferred.after_optimizer_step(lambda: None) is False
+    sys.setprofile(lambda *a: None)
+    try:
+        assert _deferred.after_optimizer_step(lambda: None) is False
+    finally:
+        sys.setprofile(None)
+
+
+def test_an_aborted_run_leaves_no_profile_function(tmp_path):
+    """The script ends in the step whose end armed the start: close() removes the waiting
+    profile function (and the run says it ended too soon)."""
+    import sys
+
+    script = tmp_path / "short.py"
+    script.write_text(
+        "import torch\n"
+        "m = torch.nn.Linear(4, 4)\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for i in range(3):\n"
+        "    m(torch.randn(2, 4)).sum().backward()\n"
+        "    opt.step()\n"
+    )
+    run = ScriptRun(steps=1, warmup=1)  # needs 4 steps; the 3rd ends the profiled ones
+    run.run(str(script), [])
+    assert run.ended == "finished" and not run.complete
+    assert sys.getprofile() is None

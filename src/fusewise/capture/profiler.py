@@ -51,9 +51,9 @@ def stop(prof: torch.profiler.profile) -> None:
 # Sessions that hold the collector paused. A session's start collects the garbage left so far
 # (other sessions' profiles among it, a script's own or a test's never freed by hand) and the
 # collector stays off until it stops: a profile's kineto objects freed by a collection that runs
-# inside a session crashed the process (the H200 above; on the CPU, a segfault inside the
-# recorded step's optimizer in one pytest-xdist run of the suite in three). A few steps'
-# reference cycles wait for the session's end instead.
+# inside a session crashed the process (the H200 above). A few steps' reference cycles wait for
+# the session's end instead. (The CPU suite's segfaults at a session's stop had another cause:
+# capture/_deferred.py.)
 _GC_PAUSED = "_fusewise_gc_paused"
 _gc_holds = 0
 _gc_was_enabled = True

@@ -21,7 +21,7 @@ import time
 import torch
 
 from ..hardware import matmul_settings
-from . import profiler
+from . import _deferred, profiler
 from .loader import loader_lines
 from .observation import Observation
 from .opgraph import Recorder
@@ -89,8 +89,11 @@ class StepSchedule:
             self._begin_timing()
         self._t = time.perf_counter()
 
-    def step_ended(self) -> bool:
-        """A step ended: advance the schedule. True once the observation is complete."""
+    def step_ended(self, *, inside_optimizer_step: bool = False) -> bool:
+        """A step ended: advance the schedule. True once the observation is complete.
+        inside_optimizer_step: called from optimizer.step()'s hook (the script runner); the
+        recorded step's profiler session then starts once that step has returned
+        (capture/_deferred.py says why)."""
         if self.complete:
             raise RuntimeError("the schedule is complete; no more steps are observed")
         k, w, s = self.ends + 1, self.warmup, self.steps
@@ -113,8 +116,19 @@ class StepSchedule:
             self._loader_cm.__exit__(None, None, None)
             self._loader_cm = None
             self._read_profile()
-            self._recorder = CAPTURES[self.capture]().__enter__()
+            if not (
+                inside_optimizer_step
+                and self.capture == "profiler"
+                and _deferred.after_optimizer_step(self._start_recording)
+            ):
+                self._start_recording()
         if k == w + 2 * s + 1:
+            if self._recorder is None:  # still waiting for a Python call to start it
+                _deferred.disarm()
+                raise RuntimeError(
+                    "the recorded step ended before its capture started (no Python call "
+                    "after optimizer.step() returned); run it with FUSEWISE_CAPTURE=recorder"
+                )
             self._recorder.__exit__(None, None, None)
             self.graph, self._recorder = self._recorder.graph, None
             self.captured_ms = (now - self._t) * 1e3  # the recorded step alone
@@ -124,6 +138,9 @@ class StepSchedule:
             self._begin_timing()
         self._t = time.perf_counter()
         return False
+
+    def _start_recording(self) -> None:
+        self._recorder = CAPTURES[self.capture]().__enter__()
 
     def observation(self, *, size: tuple[str, float] | None = None) -> Observation:
         if not self.complete:
@@ -146,6 +163,8 @@ class StepSchedule:
 
         def exit_(ctx):
             ctx.__exit__(None, None, None)
+
+        _deferred.disarm()  # a recorded step whose session never started
 
         # the profiler through profiler.stop: its warning filter applies to an aborted run too
         for ctx, stop in (

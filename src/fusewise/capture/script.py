@@ -78,7 +78,7 @@ class ScriptRun:
                 self.ended = "optimizers"
                 raise StopScript
             return
-        self._end_step()
+        self._end_step(inside_optimizer_step=True)
 
     def explicit_end(self) -> None:
         """fusewise.step(): from its first call on, only it ends steps; the steps counted from
@@ -90,10 +90,10 @@ class ScriptRun:
             self.schedule.start()
         self._end_step()
 
-    def _end_step(self) -> None:
+    def _end_step(self, inside_optimizer_step: bool = False) -> None:
         if self._on_step_end is not None:
             self._on_step_end(self.schedule.ends + 1, self.optimizers)
-        if self.schedule.step_ended():
+        if self.schedule.step_ended(inside_optimizer_step=inside_optimizer_step):
             raise StopScript
 
     @property

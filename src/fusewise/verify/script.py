@@ -51,7 +51,7 @@ class TimedSchedule:
     def start(self) -> None:
         self._t = time.perf_counter()
 
-    def step_ended(self) -> bool:
+    def step_ended(self, *, inside_optimizer_step: bool = False) -> bool:
         if self.cuda:
             torch.cuda.synchronize()
         now = time.perf_counter()
