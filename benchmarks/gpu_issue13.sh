@@ -47,7 +47,8 @@ if [ "$what" != bench ]; then
   # (the capture's sessions, verify's groups)
   for t in tests/test_gated.py tests/test_gated_mlp.py tests/test_rotary.py \
       tests/test_patch_hf_mlp.py tests/test_patch_hf_rotary.py tests/test_chain_patterns.py \
-      tests/test_schedule.py tests/test_capture_profiled.py tests/test_verify.py; do
+      tests/test_schedule.py tests/test_capture_profiled.py tests/test_verify.py \
+      tests/test_diagnose.py tests/test_cli.py; do
     if [ -f "$t" ]; then TESTS="$TESTS $t"; else echo "# $t: not in this tree, skipped" | tee -a "$LOG"; fi
   done
   # shellcheck disable=SC2086
