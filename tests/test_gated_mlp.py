@@ -179,8 +179,9 @@ class LoraLike(torch.nn.Linear):
     def __init__(self, base: torch.nn.Linear):
         super().__init__(base.in_features, base.out_features, bias=False)
         self.weight = base.weight
-        self.a = torch.nn.Parameter(torch.randn(3, base.in_features) * 0.1)
-        self.b = torch.nn.Parameter(torch.randn(base.out_features, 3) * 0.1)
+        like = dict(device=base.weight.device, dtype=base.weight.dtype)  # the test's device
+        self.a = torch.nn.Parameter(torch.randn(3, base.in_features, **like) * 0.1)
+        self.b = torch.nn.Parameter(torch.randn(base.out_features, 3, **like) * 0.1)
 
     def forward(self, x):
         return super().forward(x) + F.linear(F.linear(x, self.a), self.b)
