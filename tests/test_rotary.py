@@ -92,6 +92,10 @@ CASES = [
     Case(2, 3, 4, 4, 20, 10, q="strided"),
     Case(2, 3, 2, 2, 12, 8, cos="strided", k="strided", interleaved=True),
     Case(2, 2, 4, 2, 16, 16, cos="B1S", q="contiguous", interleaved=True),
+    # head counts against the kernel's head tiles (8 heads of D 128 a tile): two unmasked tiles
+    # of q; 12 heads: a tile overhanging by 4; 3 heads in a tile of 4
+    Case(1, 2, 16, 8, 128, 128),
+    Case(1, 2, 12, 3, 128, 128, k="contiguous"),
 ]
 
 

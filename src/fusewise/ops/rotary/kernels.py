@@ -27,7 +27,6 @@ def _rotate_heads(
     X,
     OUT,
     stride_h,
-    n_heads,
     fa,
     fb,
     pair_mask,
@@ -37,26 +36,36 @@ def _rotate_heads(
     sb,
     ft,
     tail_mask,
-    HAS_TAIL: tl.constexpr,
+    N_HEADS: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    MASKED: tl.constexpr,
+    HAS_TAIL: tl.constexpr,
 ):
-    """Rotates the n_heads heads of one (b, s) row; X, OUT point at the row's head 0, feature 0
-    (both: heads stride_h apart, features adjacent)."""
-    for h0 in tl.range(0, n_heads, BLOCK_H):
+    """Rotates the N_HEADS heads of one (b, s) row; X, OUT point at the row's head 0, feature 0
+    (both: heads stride_h apart, features adjacent). The head loop is unrolled (N_HEADS is a
+    compile-time constant: one compilation per model's head counts) and, when the tiles fit the
+    heads and pairs exactly (not MASKED), the loads and stores carry no mask."""
+    for h0 in tl.static_range(0, N_HEADS, BLOCK_H):
         heads = h0 + tl.arange(0, BLOCK_H)
-        head_mask = heads < n_heads
-        heads = heads.to(tl.int64)
-        x_row = X + heads[:, None] * stride_h
-        o_row = OUT + heads[:, None] * stride_h
-        mask = head_mask[:, None] & pair_mask[None, :]
-        xa = tl.load(x_row + fa[None, :], mask=mask, other=0.0).to(tl.float32)
-        xb = tl.load(x_row + fb[None, :], mask=mask, other=0.0).to(tl.float32)
-        ya = xa * ca[None, :] - xb * sa[None, :]
-        yb = xb * cb[None, :] + xa * sb[None, :]
-        tl.store(o_row + fa[None, :], _round(ya, OUT.dtype.element_ty), mask=mask)
-        tl.store(o_row + fb[None, :], _round(yb, OUT.dtype.element_ty), mask=mask)
+        x_row = X + heads.to(tl.int64)[:, None] * stride_h
+        o_row = OUT + heads.to(tl.int64)[:, None] * stride_h
+        if MASKED:
+            mask = (heads < N_HEADS)[:, None] & pair_mask[None, :]
+            xa = tl.load(x_row + fa[None, :], mask=mask, other=0.0).to(tl.float32)
+            xb = tl.load(x_row + fb[None, :], mask=mask, other=0.0).to(tl.float32)
+        else:
+            xa = tl.load(x_row + fa[None, :]).to(tl.float32)
+            xb = tl.load(x_row + fb[None, :]).to(tl.float32)
+        ya = _round(xa * ca[None, :] - xb * sa[None, :], OUT.dtype.element_ty)
+        yb = _round(xb * cb[None, :] + xa * sb[None, :], OUT.dtype.element_ty)
+        if MASKED:
+            tl.store(o_row + fa[None, :], ya, mask=mask)
+            tl.store(o_row + fb[None, :], yb, mask=mask)
+        else:
+            tl.store(o_row + fa[None, :], ya)
+            tl.store(o_row + fb[None, :], yb)
         if HAS_TAIL:  # features Dr..D-1: copied bit for bit (same dtype in and out)
-            mask_t = head_mask[:, None] & tail_mask[None, :]
+            mask_t = (heads < N_HEADS)[:, None] & tail_mask[None, :]
             t = tl.load(x_row + ft[None, :], mask=mask_t)
             tl.store(o_row + ft[None, :], t, mask=mask_t)
 
@@ -70,10 +79,6 @@ def rotary_kernel(
     QO,
     KO,
     S,
-    n_q_heads,
-    n_k_heads,
-    half,
-    n_tail,
     stride_qb,
     stride_qh,
     stride_qs,
@@ -84,28 +89,36 @@ def rotary_kernel(
     stride_cs,
     stride_sb,
     stride_ss,
+    N_Q: tl.constexpr,
+    N_K: tl.constexpr,
+    HALF: tl.constexpr,
+    N_TAIL: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     BACKWARD: tl.constexpr,
-    HAS_TAIL: tl.constexpr,
-    BLOCK_H: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
+    MASK_Q: tl.constexpr,
+    MASK_K: tl.constexpr,
+    HAS_TAIL: tl.constexpr,
 ):
     """(q, k) -> (R q, R k), or with BACKWARD (dq_out, dk_out) -> (Rᵀ dq_out, Rᵀ dk_out): reads
-    q, k and one cos and sin row per program once, writes both outputs once. n_q_heads or
-    n_k_heads 0: that tensor is skipped (a gradient not needed)."""
+    q, k and one cos and sin row per program once, writes both outputs once. N_Q or N_K 0: that
+    tensor is skipped (a gradient not needed). Head counts and widths are compile-time
+    constants, as in a model they are fixed."""
     row = tl.program_id(0).to(tl.int64)
     b = row // S
     s = row - b * S
     i = tl.arange(0, BLOCK_HALF)
-    pair_mask = i < half
+    pair_mask = i < HALF
     i = i.to(tl.int64)
     if INTERLEAVED:
         fa = 2 * i
         fb = fa + 1
     else:
         fa = i
-        fb = i + half
+        fb = i + HALF
     cos_row = COS + b * stride_cb + s * stride_cs
     sin_row = SIN + b * stride_sb + s * stride_ss
     ca = tl.load(cos_row + fa, mask=pair_mask, other=0.0).to(tl.float32)
@@ -117,13 +130,12 @@ def rotary_kernel(
         sa = -sb
         sb = -sin_a
     j = tl.arange(0, BLOCK_TAIL)
-    tail_mask = j < n_tail
-    ft = 2 * half + j.to(tl.int64)
+    tail_mask = j < N_TAIL
+    ft = 2 * HALF + j.to(tl.int64)
     _rotate_heads(
         Q + b * stride_qb + s * stride_qs,
         QO + b * stride_qb + s * stride_qs,
         stride_qh,
-        n_q_heads,
         fa,
         fb,
         pair_mask,
@@ -133,14 +145,15 @@ def rotary_kernel(
         sb,
         ft,
         tail_mask,
+        N_Q,
+        BLOCK_HQ,
+        MASK_Q,
         HAS_TAIL,
-        BLOCK_H,
     )
     _rotate_heads(
         K + b * stride_kb + s * stride_ks,
         KO + b * stride_kb + s * stride_ks,
         stride_kh,
-        n_k_heads,
         fa,
         fb,
         pair_mask,
@@ -150,6 +163,8 @@ def rotary_kernel(
         sb,
         ft,
         tail_mask,
+        N_K,
+        BLOCK_HK,
+        MASK_K,
         HAS_TAIL,
-        BLOCK_H,
     )

@@ -21,10 +21,11 @@ import torch
 from .._launch import next_power_of_2
 from . import kernels as K
 
-# Elements (both halves of the pairs) per tile and warps: an elementwise stream, 16 elements a
-# thread at 4 warps; a [B, S] row of q and k is walked in tiles of BLOCK_H heads. Untuned: to be
-# measured on the GPU (benchmarks/bench_rotary.py).
-TILE_ELEMENTS = 2048
+# Elements (both halves of the pairs) per tile and warps; a [B, S] row of q and k is walked in
+# tiles of BLOCK_H heads. From benchmarks/sweep_rotary_tiles.py on the H200 (CUDA-graph replays,
+# B 4 x S 2048 x 32/8 heads x 128, bf16): 1024 elements at 4 warps led (81% of the copy ceiling
+# forward, 84% forward+backward; 2048: 79/82; 4096 and 8192: 71/74).
+TILE_ELEMENTS = 1024
 NUM_WARPS = 4
 
 
@@ -77,10 +78,12 @@ def rotary(
     cos, sin = _adjacent_features(cos), _adjacent_features(sin)
     n_tail = dim - 2 * half
     block_half = next_power_of_2(half)
-    block_h = min(max(1, TILE_ELEMENTS // (2 * block_half)), next_power_of_2(max(n_q, n_k)))
+    tile_heads = max(1, TILE_ELEMENTS // (2 * block_half))
     # a tensor not needed is never touched (its head count is 0): the other stands in for it
     q_in, q_o = (q, q_out) if need_q else (k, k_out)
     k_in, k_o = (k, k_out) if need_k else (q_in, q_o)
+    block_hq = min(tile_heads, next_power_of_2(max(n_q, 1)))
+    block_hk = min(tile_heads, next_power_of_2(max(n_k, 1)))
     q_b, q_h, q_s, _ = q_in.stride()
     k_b, k_h, k_s, _ = k_in.stride()
     K.rotary_kernel[(batch * seq,)](
@@ -91,10 +94,6 @@ def rotary(
         q_o,
         k_o,
         seq,
-        n_q,
-        n_k,
-        half,
-        n_tail,
         q_b,
         q_h,
         q_s,
@@ -105,12 +104,20 @@ def rotary(
         cos.stride(1),
         sin.stride(0) if sin.shape[0] > 1 else 0,
         sin.stride(1),
+        N_Q=n_q,
+        N_K=n_k,
+        HALF=half,
+        N_TAIL=n_tail,
         INTERLEAVED=interleaved,
         BACKWARD=backward,
-        HAS_TAIL=n_tail > 0,
-        BLOCK_H=block_h,
+        BLOCK_HQ=block_hq,
+        BLOCK_HK=block_hk,
         BLOCK_HALF=block_half,
         BLOCK_TAIL=next_power_of_2(max(n_tail, 1)),
+        # masks only where the tiles overhang the heads or the pairs
+        MASK_Q=n_q % block_hq != 0 or block_half != half,
+        MASK_K=n_k % block_hk != 0 or block_half != half,
+        HAS_TAIL=n_tail > 0,
         num_warps=NUM_WARPS,
     )
     return q_out, k_out
