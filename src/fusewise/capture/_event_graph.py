@@ -38,6 +38,7 @@ class Builder:
         self.where_cells: list[list] = []  # per op: its [line], filled once frames resolve
         self.sdpa: list[tuple] = []  # (event, line cell) of each scaled_dot_product_attention
         self.starts: list[tuple[int, int]] = []  # (thread, start ns) of each op
+        self.spans: list[tuple[int, int]] = []  # (start, end) ns of each op
         self.wrapped_numbers: set[int] = set()
         self.meta_of: dict[int, torch.Tensor] = {}  # value id -> a meta tensor of its layout
         self.by_layout: dict[tuple, tuple] = {}  # (allocation, sizes, strides) -> tensor key
@@ -196,6 +197,7 @@ class Builder:
         op = OpRecord(index, name, phase, [], [], 0.0, 0.0, "?", is_view)
         self.graph.ops.append(op)
         self.starts.append((e.start_tid, e.start_time_ns))
+        self.spans.append((e.start_time_ns, e.end_time_ns))
         self.meta[index] = ([], [])
         written: set[int] = set()
         tensors, writes = [], []

@@ -8,6 +8,7 @@ import collections
 import statistics
 from dataclasses import dataclass, field
 
+from ._trace import StepTrace
 from .graph import OpGraph
 from .timeline import Timeline
 
@@ -28,6 +29,8 @@ class Observation:
     # torch's fp32 matmul settings as the recorded step ended (hardware.matmul_settings: whether
     # its fp32 matmuls ran as TF32); None from an observation made without them
     matmul_settings: dict | None = None
+    # the recorded step's host/device trace (GPU, profiler capture): diagnose/_replay.py
+    trace: StepTrace | None = None
 
     @property
     def median_ms(self) -> float:

@@ -28,6 +28,7 @@ import torch
 
 from . import profiler
 from ._event_graph import Builder
+from ._trace import StepTrace, trace_from_events
 from .graph import OpGraph
 
 
@@ -83,7 +84,20 @@ def graph_from_profile(prof, cuda: bool | None = None) -> OpGraph:
     )
     graph = b.finish(kernels)
     graph_from_profile.unmatched = b.unmatched  # the last build's, for tests and debugging
+    # the step's host/device trace, for replaying it without some ops (diagnose/_replay.py)
+    graph_from_profile.trace = (
+        _trace_or_none(results, b.corr, b.spans) if cuda and kernels else None
+    )
     return graph
+
+
+def _trace_or_none(results, corr_ops, spans) -> StepTrace | None:
+    """The step's trace; None (the estimate then goes without it) when kineto's events lack
+    what it reads."""
+    try:
+        return trace_from_events(results.events(), corr_ops, spans)
+    except (AttributeError, RuntimeError, TypeError):
+        return None
 
 
 class ProfiledCapture:
@@ -92,6 +106,7 @@ class ProfiledCapture:
     def __init__(self, cuda: bool | None = None):
         self.cuda = torch.cuda.is_available() if cuda is None else cuda
         self.graph: OpGraph | None = None
+        self.trace: StepTrace | None = None  # on a GPU: the step's host/device trace
         self._prof = None
         self._hooks: list = []
 
@@ -110,6 +125,7 @@ class ProfiledCapture:
         try:
             if exc[0] is None:
                 self.graph = graph_from_profile(self._prof, self.cuda)
+                self.trace = graph_from_profile.trace
         finally:
             # kineto's results freed now (profiler.py says why), without parsing them into
             # FunctionEvents first as profiler.release does: nothing here reads those, and with

@@ -56,6 +56,7 @@ class StepSchedule:
         self.peak = None
         self.op_ms, self.timeline, self.loader_lines = None, None, None
         self.graph, self.captured_ms, self.matmul_settings = None, None, None
+        self.trace = None
         self._prof = self._loader_cm = self._recorder = None
         self._marks: list = []  # optimizer-step marker hooks while the profiled steps run
         self._t = None
@@ -130,7 +131,8 @@ class StepSchedule:
                     "after optimizer.step() returned); run it with FUSEWISE_CAPTURE=recorder"
                 )
             self._recorder.__exit__(None, None, None)
-            self.graph, self._recorder = self._recorder.graph, None
+            self.graph, self.trace = self._recorder.graph, getattr(self._recorder, "trace", None)
+            self._recorder = None
             self.captured_ms = (now - self._t) * 1e3  # the recorded step alone
             self.matmul_settings = matmul_settings()  # as the step ran (TF32 or not)
             return True
@@ -156,6 +158,7 @@ class StepSchedule:
             loader_lines=self.loader_lines,
             size=size,
             matmul_settings=self.matmul_settings,
+            trace=self.trace,
         )
 
     def close(self) -> None:

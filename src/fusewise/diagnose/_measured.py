@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from ..capture.graph import OpGraph, OpRecord
 from . import thresholds as T
+from ._replay import Replay
 
 MATMULS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default"}
 
@@ -44,6 +45,8 @@ class Timing:
     source: str = "recorded step"
     # profiler op name -> its own scale (the CPU's); a name not in it takes `scale`
     name_scale: dict[str, float] = field(default_factory=dict)
+    # the recorded step's trace, calibrated (GPU, profiler capture): a fix's saving replayed
+    replay: Replay | None = None
 
     def op_ms(self, op: OpRecord) -> float:
         if not 0.0 < op.ms < math.inf:  # no time, or a broken one (negative, NaN): none
@@ -94,7 +97,19 @@ def timing(obs) -> Timing | None:
         n = ops_per_key.get((phase, name))
         if n and launch > 0:
             gap_ms[(phase, name)] = launch * idle_scale / n
-    return Timing(scale, gap_ms, "profiled steps")
+    return Timing(scale, gap_ms, "profiled steps", replay=replay_of(obs))
+
+
+def replay_of(obs) -> Replay | None:
+    """The observation's calibrated Replay (made once: every analyzer asks), or None without
+    a trace or a plain step time."""
+    cached = obs.__dict__.get("_replay", False)
+    if cached is not False:
+        return cached
+    trace = getattr(obs, "trace", None)
+    plain = obs.median_ms if trace is not None else None
+    obs._replay = Replay(trace, plain) if plain else None
+    return obs._replay
 
 
 def _name_scales(graph: OpGraph, op_ms: dict[str, float]) -> dict[str, float]:
@@ -134,6 +149,7 @@ class Saving:
     launch_gap_ms: float  # launch idle before their kernels
     fused_ms: float  # what the fused kernel needs (its bytes at FUSED_KERNEL_EFFICIENCY)
     removed_ops: int
+    removed: tuple[int, ...] = ()  # their op-graph indices
 
 
 def saving(removed: list[OpRecord], fused_bytes: float, bandwidth_GBps: float, t: Timing):
@@ -142,4 +158,37 @@ def saving(removed: list[OpRecord], fused_bytes: float, bandwidth_GBps: float, t
     removed_ms = sum(t.op_ms(op) for op in removed)
     gaps = sum(t.op_gap_ms(op) for op in removed)
     fused = fused_bytes / (bandwidth_GBps * 1e9 * T.FUSED_KERNEL_EFFICIENCY) * 1e3
-    return Saving(max(0.0, removed_ms + gaps - fused), removed_ms, gaps, fused, len(removed))
+    return Saving(
+        max(0.0, removed_ms + gaps - fused),
+        removed_ms,
+        gaps,
+        fused,
+        len(removed),
+        tuple(op.index for op in removed),
+    )
+
+
+def replayed(parts: list[Saving], t: Timing | None, launches: int = 1) -> float | None:
+    """The saving of removing every part's ops at once, each part replaced by its fused kernel
+    (`launches` launches of it), by replaying the step (_replay.py); None when there is no
+    replay, or its trace lacks one of the ops."""
+    r = t.replay if t is not None else None
+    ops = [i for p in parts for i in p.removed]
+    if r is None or not ops or not r.covers(ops):
+        return None
+    fused = []
+    for p in parts:
+        f = r.fused(p.removed, p.fused_ms)
+        f.host_us *= launches
+        fused.append(f)
+    return max(0.0, r.saving_ms(ops, fused))
+
+
+def replay_evidence(t: Timing, sum_ms: float) -> dict:
+    """What a replayed prediction shows: how, the calibration, and the sum it replaced."""
+    return dict(
+        estimate="replayed: the recorded step's host and device timeline without the removed "
+        "ops, with the fused kernel (diagnose/_replay.py)",
+        sum_of_parts_ms=round(max(0.0, sum_ms), 4),
+        **t.replay.evidence(),
+    )

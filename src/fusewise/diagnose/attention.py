@@ -81,6 +81,10 @@ def find_attention_fallback(graph: OpGraph, ceil, timing=None) -> list[Finding]:
                 launch_gaps_ms=round(s.launch_gap_ms, 4),
                 fused_kernel_ms=round(s.fused_ms, 4),
             )
+            replayed_ms = _measured.replayed([s], timing, launches=len(calls))
+            if replayed_ms is not None:
+                saving_ms = replayed_ms
+                estimate.update(_measured.replay_evidence(timing, s.ms))
         suspects = _suspects(calls[0])
         findings.append(
             Finding(

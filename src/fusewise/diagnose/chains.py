@@ -244,6 +244,7 @@ def find_chains(graph: OpGraph, ceilings, timing: _measured.Timing | None = None
             or (timing is not None and m["saving_ms"] <= 0)  # measured: nothing to gain
         ):
             continue
+        replayed_ms = _measured.replayed(m["parts"], timing)
         findings.append(
             Finding(
                 kind="fusion-chain",
@@ -252,7 +253,7 @@ def find_chains(graph: OpGraph, ceilings, timing: _measured.Timing | None = None
                 title=f"{pattern} chain in the {phase}: {m['ops']} ops move "
                 f"{m['written'] / 1e6:,.1f} MB where a fused kernel needs "
                 f"{m['minimum'] / 1e6:,.1f} MB",
-                est_saving_ms=m["saving_ms"],
+                est_saving_ms=m["saving_ms"] if replayed_ms is None else replayed_ms,
                 bytes_avoidable=avoidable,
                 fix=fixes.text("fusion-chain", pattern),
                 evidence=dict(
@@ -267,7 +268,9 @@ def find_chains(graph: OpGraph, ceilings, timing: _measured.Timing | None = None
                     # recorded times, scaled as the prediction's), and the fused kernel's floor
                     measured_ms_unfused=m["ms"],
                     fused_floor_ms=m["minimum"] / (bandwidth_GBps * 1e9) * 1e3,
-                    **_estimate(m["parts"], timing, avoidable / (bandwidth_GBps * 1e6)),
+                    **_estimate(
+                        m["parts"], timing, avoidable / (bandwidth_GBps * 1e6), replayed_ms
+                    ),
                 ),
             )
         )
@@ -287,16 +290,17 @@ def _add(merged: dict, key: tuple[str, str, str], part: dict) -> None:
     m["parts"] += part["parts"]
 
 
-def _estimate(parts: list, timing, bytes_ms: float) -> dict:
-    """How the saving was predicted, for the evidence: the sums of the measured parts, or the
-    byte model when the graph held no measured times."""
+def _estimate(parts: list, timing, bytes_ms: float, replayed_ms: float | None = None) -> dict:
+    """How the saving was predicted, for the evidence: the step replayed without the removed
+    ops where there is a trace, else the sums of the measured parts, or the byte model when the
+    graph held no measured times. The parts' sums are shown in every measured case."""
     if timing is None:
         return dict(estimate="byte model: avoidable bytes at the copy ceiling (no op times)")
     total = {
         k: sum(getattr(p, k) for p in parts)
         for k in ("removed_ms", "launch_gap_ms", "fused_ms", "removed_ops")
     }
-    return dict(
+    out = dict(
         estimate=f"measured: removed ops' time + their launch gaps - fused kernel "
         f"({timing.source}, times x{timing.scale:.2f})",
         removed_ops=total["removed_ops"],
@@ -305,3 +309,10 @@ def _estimate(parts: list, timing, bytes_ms: float) -> dict:
         fused_kernel_ms=round(total["fused_ms"], 4),
         byte_model_ms=round(bytes_ms, 4),
     )
+    if replayed_ms is not None:
+        out.update(
+            _measured.replay_evidence(
+                timing, total["removed_ms"] + total["launch_gap_ms"] - total["fused_ms"]
+            )
+        )
+    return out

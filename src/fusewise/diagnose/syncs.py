@@ -16,7 +16,7 @@ from .. import fixes
 from ..capture.graph import OpGraph
 from ..capture.timeline import Timeline
 from ..report import Finding
-from . import _gaps
+from . import _gaps, _measured
 from . import thresholds as T
 from .registry import analyzer
 
@@ -35,7 +35,27 @@ def analyze(obs, ceilings) -> list[Finding]:
     syncs = find_syncs(obs.graph)
     if obs.timeline is None:
         return syncs
-    return share_sync_idle(syncs, obs.timeline, obs.median_ms)
+    return replay_sync_savings(share_sync_idle(syncs, obs.timeline, obs.median_ms), obs)
+
+
+def replay_sync_savings(found: list[Finding], obs) -> list[Finding]:
+    """Each line's saving replayed (diagnose/_replay.py): the step without its syncs' waits,
+    so host work after a sync that the device's queue would cover counts, and a wait the host
+    had reached late anyway does not. The shared idle stays in the evidence."""
+    replay = _measured.replay_of(obs)
+    if replay is None:
+        return found
+    out = []
+    for f in found:
+        ops = [op.index for op in obs.graph.ops if op.where == f.where and _reason(obs.graph, op)]
+        if not ops or not replay.covers(ops):
+            out.append(f)
+            continue
+        ms = max(0.0, replay.saving_ms(unsynced=ops))
+        ev = dict(f.evidence, shared_idle_ms=round(f.est_saving_ms, 4), **replay.evidence())
+        ev["estimate"] = "replayed: the recorded step without these syncs' waits"
+        out.append(dataclasses.replace(f, est_saving_ms=ms, evidence=ev))
+    return out
 
 
 def _reason(graph: OpGraph, op) -> str | None:
