@@ -187,6 +187,19 @@ def test_half_precision(case, dtype, device):
     _check(case, dtype, device)
 
 
+@pytest.mark.parametrize("variant", [v for v in rotary_launch.VARIANTS if v != "row"])
+def test_every_variant_matches_float64(variant, device, monkeypatch):
+    """The variants the sweep compares (several rows a program, head blocks, whole rows): the
+    same values as the default, over the cases whose heads, rows and pairs overhang the tiles,
+    partial and interleaved rotary, strided and expanded layouts, and one gradient at a time."""
+    monkeypatch.setattr(rotary_launch, "VARIANT", variant)
+    for case in (CASES[0], CASES[1], CASES[5], CASES[6], CASES[8], CASES[9]):
+        _check(case, torch.float32, device)
+    _check(CASES[2], torch.bfloat16, device)
+    for need in ((True, False), (False, True)):
+        _check(CASES[3], torch.float32, device, need=need)
+
+
 @pytest.mark.parametrize("need", [(True, False), (False, True), (False, False)])
 def test_only_the_gradients_asked_for(need, device):
     _check(CASES[0], torch.float32, device, need=need)
