@@ -4,7 +4,9 @@ the GPU's rounding cast) against Liger's rope kernel at bench_rotary's shape (B 
 Hq 32 / Hkv 8 x D 128, HF's transposed q and k), bf16 and fp32, forward and forward+backward,
 timed as CUDA-graph replays (the kernels alone), % of the copy ceiling by bench_rotary's byte
 model (fusewise.ops.rotary.cost). Each variant's forward and backward are first checked
-bit for bit against the default's ("same" column). About a minute on an H200.
+bit for bit against the default's ("same" column). NAME-inplace rows: that variant's forward
+writing over q and k as Liger's does (a diagnostic of the in-place writes; the same byte count).
+About a minute on an H200.
 
     python benchmarks/sweep_rotary_variants.py [--variants row,whole,...] [--csv out.csv]
 """
@@ -24,6 +26,7 @@ from fusewise.ops.rotary import cost, launch
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 MODES = ("fwd@graph", "fwd_bwd@graph")
+INPLACE = ("row-inplace", "row-native-inplace", "whole-inplace")
 
 
 def _outputs(shape, dtype, device):
@@ -37,9 +40,19 @@ def _outputs(shape, dtype, device):
     return [o.detach() for o in outs] + list(torch.autograd.grad(outs, (q, k), grads))
 
 
+def _in_place(q, k, cos, sin):
+    """The current variant's forward written over q and k, as Liger's (a diagnostic: apply_rotary
+    always returns new tensors)."""
+    return launch.rotary(q, k, cos, sin, False, in_place=True)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--variants", default=",".join(launch.VARIANTS))
+    p.add_argument(
+        "--variants",
+        default=",".join([*launch.VARIANTS, *INPLACE]),
+        help="names of launch.VARIANTS; NAME-inplace: that variant's forward written over q, k",
+    )
     p.add_argument("--dtypes", default="bf16,fp32")
     p.add_argument("--csv", default=None)
     a = p.parse_args(argv)
@@ -64,12 +77,17 @@ def main(argv=None):
                 if liger is None:
                     continue
                 fn, same = liger, ""
+            elif name.endswith("-inplace"):  # forward only: the kernel writing over q and k
+                launch.VARIANT = name.removesuffix("-inplace")
+                fn, same = _in_place, ""
             else:
                 launch.VARIANT = name
                 fn = fusewise.ops.apply_rotary
                 got = _outputs(shape, dtype, device)
                 same = "yes" if all(torch.equal(x, y) for x, y in zip(got, want)) else "NO"
             for mode in MODES:
+                if name.endswith("-inplace") and mode != "fwd@graph":
+                    continue
                 ms, _ = bench_rotary.bench_one(fn, mode, shape, dtype, device)
                 nbytes = one.bytes * (1 if mode.startswith("fwd@") else 2)
                 gbps = nbytes / ms / 1e6

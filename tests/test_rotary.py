@@ -200,6 +200,22 @@ def test_every_variant_matches_float64(variant, device, monkeypatch):
         _check(CASES[3], torch.float32, device, need=need)
 
 
+@pytest.mark.parametrize("variant", ["row", "whole", "split8-rows4"])
+def test_in_place_writes_the_same_values_over_the_inputs(variant, device, monkeypatch):
+    """launch.rotary(in_place=True), the sweep's diagnostic of Liger's in-place writes: the
+    values of the out-of-place call, written over q and k (HF's transposed q, a contiguous k)."""
+    monkeypatch.setattr(rotary_launch, "VARIANT", variant)
+    q = torch.randn(2, 3, 4, 16, device=device).transpose(1, 2)
+    k = torch.randn(2, 2, 3, 16, device=device)
+    cos, sin = torch.rand(2, 2, 3, 16, device=device, dtype=torch.float64).unbind(0)
+    cos, sin = cos.float(), sin.float()
+    want = rotary_launch.rotary(q, k, cos[None], sin[None], False)
+    got = rotary_launch.rotary(q, k, cos[None], sin[None], False, in_place=True)
+    assert got[0] is q and got[1] is k
+    torch.testing.assert_close(q, want[0], rtol=0, atol=0)
+    torch.testing.assert_close(k, want[1], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("need", [(True, False), (False, True), (False, False)])
 def test_only_the_gradients_asked_for(need, device):
     _check(CASES[0], torch.float32, device, need=need)

@@ -50,11 +50,13 @@ class Variant:
     block_heads: int = 0
     num_warps: int | None = None  # None: NUM_WARPS
     native_round: bool = False
+    tile_elements: int | None = None  # kernel "row": None: TILE_ELEMENTS
 
 
 VARIANTS = {
     "row": Variant(),
     "row-native": Variant(native_round=True),
+    "row-native-t2048": Variant(native_round=True, tile_elements=2048),
     "whole": Variant("tiles", native_round=True),
     "whole-w8": Variant("tiles", num_warps=8, native_round=True),
     "whole-rows2-w8": Variant("tiles", rows=2, num_warps=8, native_round=True),
@@ -106,14 +108,23 @@ def rotary(
     backward: bool = False,
     need_q: bool = True,
     need_k: bool = True,
+    in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(R q, R k), or with `backward` (Rᵀ q, Rᵀ k) for q, k the output gradients. A result not
-    needed comes back empty (0 elements) and is not computed."""
+    needed comes back empty (0 elements) and is not computed. in_place (q and k with adjacent
+    features; each element is loaded before the same program stores it): the results written
+    over q and k, as Liger does; only benchmarks/sweep_rotary_variants.py asks for it, to tell
+    how much of Liger's lead its in-place writes make (the byte count is the same)."""
     batch, n_q, seq, dim = q.shape
     n_k = k.shape[1]
     half = cos.shape[-1] // 2
-    q, q_out = in_and_out(q, need_q)
-    k, k_out = in_and_out(k, need_k)
+    if in_place:
+        if not (need_q and need_k) or q.stride(-1) != 1 or k.stride(-1) != 1:
+            raise ValueError("in_place rotates both q and k, each with adjacent features")
+        q_out, k_out = q, k
+    else:
+        q, q_out = in_and_out(q, need_q)
+        k, k_out = in_and_out(k, need_k)
     n_q, n_k = (n_q if need_q else 0), (n_k if need_k else 0)
     if batch * seq == 0 or n_q + n_k == 0 or dim == 0:
         return q_out, k_out
@@ -154,7 +165,7 @@ def rotary(
     if variant.kernel == "tiles":
         _launch_tiles(variant, batch * seq, seq, args, shapes)
         return q_out, k_out
-    tile_heads = max(1, TILE_ELEMENTS // (2 * block_half))
+    tile_heads = max(1, (variant.tile_elements or TILE_ELEMENTS) // (2 * block_half))
     block_hq = min(tile_heads, next_power_of_2(max(n_q, 1)))
     block_hk = min(tile_heads, next_power_of_2(max(n_k, 1)))
     K.rotary_kernel[(batch * seq,)](
