@@ -207,10 +207,9 @@ def test_in_place_writes_the_same_values_over_the_inputs(variant, device, monkey
     monkeypatch.setattr(rotary_launch, "VARIANT", variant)
     q = torch.randn(2, 3, 4, 16, device=device).transpose(1, 2)
     k = torch.randn(2, 2, 3, 16, device=device)
-    cos, sin = torch.rand(2, 2, 3, 16, device=device, dtype=torch.float64).unbind(0)
-    cos, sin = cos.float(), sin.float()
-    want = rotary_launch.rotary(q, k, cos[None], sin[None], False)
-    got = rotary_launch.rotary(q, k, cos[None], sin[None], False, in_place=True)
+    cos, sin = torch.rand(2, 2, 3, 16, device=device).unbind(0)  # [B, S, Dr] each
+    want = rotary_launch.rotary(q, k, cos, sin, False)
+    got = rotary_launch.rotary(q, k, cos, sin, False, in_place=True)
     assert got[0] is q and got[1] is k
     torch.testing.assert_close(q, want[0], rtol=0, atol=0)
     torch.testing.assert_close(k, want[1], rtol=0, atol=0)
