@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .profiler import BACKWARD, OPT_BEGIN, OPT_END
 from .timeline import _SYNC_CALLS, _annotation
 
 # runtime calls that put work on a stream: the host time a kernel, copy or fill was issued
@@ -46,13 +47,21 @@ class StepTrace:
     syncs: list[tuple[float, float]] = field(default_factory=list)  # host waits on the device
     op_starts: list[float] = field(default_factory=list)  # every aten op event (profiler cost)
     spans: dict[int, tuple[float, float]] = field(default_factory=dict)  # graph op -> host span
+    # (label, µs) of each backward call's begin and end and each optimizer step's begin and end
+    # (capture/profiler.py's marks; the plain steps note the same on the host's clock)
+    marks: list[tuple[str, float]] = field(default_factory=list)
+
+    @property
+    def step_end_us(self) -> float:
+        """Where the step's own host work ends: its closing sync's start."""
+        return self.syncs[-1][0] if self.syncs else self.end_us
 
 
 def trace_from_events(events, corr_ops: dict[int, list[int]], spans_ns) -> StepTrace | None:
     """events: the session's kineto events (results.events()); corr_ops: correlation id -> the
     op-graph indices whose events hold it (outermost first, capture/_event_graph.Builder.corr);
     spans_ns: (start, end) ns of each op-graph op. None without device work or host events."""
-    host, launches, kernels = [], {}, []
+    host, launches, kernels, marks = [], {}, [], []
     for e in events:
         name = e.name()
         if e.device_type() == torch.autograd.DeviceType.CUDA:
@@ -62,6 +71,8 @@ def trace_from_events(events, corr_ops: dict[int, list[int]], spans_ns) -> StepT
                 )
             continue
         host.append((e.start_ns(), e.start_ns() + e.duration_ns(), name, e.correlation_id()))
+        if name in (BACKWARD, OPT_BEGIN, OPT_END):
+            marks.append((name, e.start_ns(), e.start_ns() + e.duration_ns()))
         if name.startswith(_LAUNCH_CALLS):
             launches[e.correlation_id()] = e.start_ns()
     if not kernels or not host:
@@ -88,4 +99,12 @@ def trace_from_events(events, corr_ops: dict[int, list[int]], spans_ns) -> StepT
     )
     trace.op_starts = sorted(us(s) for s, _, name, _ in host if name.startswith("aten::"))
     trace.spans = {i: (us(s), us(e)) for i, (s, e) in enumerate(spans_ns)}
+    for name, start, end in marks:
+        if name == BACKWARD:
+            trace.marks += [(name + ".begin", us(start)), (name + ".end", us(end))]
+        else:
+            trace.marks.append((name, us(start)))
+    trace.marks.sort(key=lambda m: m[1])
+    if trace.marks and trace.marks[0][0] == OPT_END:
+        trace.marks = trace.marks[1:]  # a session started inside an optimizer step
     return trace

@@ -31,6 +31,9 @@ class Observation:
     matmul_settings: dict | None = None
     # the recorded step's host/device trace (GPU, profiler capture): diagnose/_replay.py
     trace: StepTrace | None = None
+    # per timed step: (label, ms from the step's start) of its backward and optimizer marks and
+    # ("end", ms) where its host work ended (capture/profiler.py note_host_marks)
+    marks_ms: list[list[tuple[str, float]]] = field(default_factory=list)
 
     @property
     def median_ms(self) -> float:

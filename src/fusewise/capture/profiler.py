@@ -10,7 +10,9 @@ the next run's parsing with `--sizes`.
 
 from __future__ import annotations
 
+import functools
 import gc
+import time
 import warnings
 
 import torch
@@ -106,17 +108,53 @@ def collect() -> None:
 OPT_BEGIN, OPT_END = "fusewise.optimizer.begin", "fusewise.optimizer.end"
 
 
+# loss.backward() marked as a range, on the profiler's clock and on the host's (below)
+BACKWARD = "fusewise.backward"
+
 _marking = 0  # sessions that want the markers now
 _hooks_registered = False
+# (label, time.perf_counter()) of each mark while a schedule times its plain steps, to set the
+# recorded step's phases against (diagnose/_replay.py calibrates its host clock on them)
+_host_marks: list | None = None
+
+
+def note_host_marks(on: bool) -> list:
+    """Start (on) or stop collecting the marks' host times; returns those collected so far."""
+    global _host_marks
+    taken, _host_marks = _host_marks or [], ([] if on else None)
+    return taken
+
+
+def _note(label: str) -> None:
+    if _host_marks is not None:
+        _host_marks.append((label, time.perf_counter()))
 
 
 def _mark(name: str):
     def hook(*_):
         if _marking:
+            _note(name)
             with torch.profiler.record_function(name):  # an instant on the profiler's clock
                 pass
 
     return hook
+
+
+def _marked_backward(backward):
+    """torch.autograd.backward (what Tensor.backward calls), marked while a session wants it."""
+
+    @functools.wraps(backward)
+    def marked(*args, **kwargs):
+        if not _marking:
+            return backward(*args, **kwargs)
+        _note(BACKWARD + ".begin")
+        with torch.profiler.record_function(BACKWARD):
+            out = backward(*args, **kwargs)
+        _note(BACKWARD + ".end")
+        return out
+
+    marked.__fusewise_marked__ = True
+    return marked
 
 
 class _Marking:
@@ -131,11 +169,12 @@ class _Marking:
 
 
 def mark_optimizer_steps() -> list:
-    """Mark optimizer steps until .remove() is called on each handle returned. The two global
-    hooks are registered once per process and left in place, emitting only while some session
-    wants them: registering or removing a global optimizer hook inside another one's call (a
-    script's step ends in optimizer.step()'s post hook, where sessions start and stop) breaks
-    torch's loop over them ("OrderedDict mutated during iteration")."""
+    """Mark optimizer steps and backward calls until .remove() is called on each handle
+    returned. The two global hooks (and torch.autograd.backward's wrapper) are registered once
+    per process and left in place, emitting only while some session wants them: registering
+    or removing a global optimizer hook inside another one's call (a script's step ends in
+    optimizer.step()'s post hook, where sessions start and stop) breaks torch's loop over them
+    ("OrderedDict mutated during iteration")."""
     global _hooks_registered
     if not _hooks_registered:
         from torch.optim.optimizer import (
@@ -145,6 +184,8 @@ def mark_optimizer_steps() -> list:
 
         register_optimizer_step_pre_hook(_mark(OPT_BEGIN))
         register_optimizer_step_post_hook(_mark(OPT_END))
+        if not getattr(torch.autograd.backward, "__fusewise_marked__", False):
+            torch.autograd.backward = _marked_backward(torch.autograd.backward)
         _hooks_registered = True
     return [_Marking()]
 

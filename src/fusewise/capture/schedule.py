@@ -57,6 +57,7 @@ class StepSchedule:
         self.op_ms, self.timeline, self.loader_lines = None, None, None
         self.graph, self.captured_ms, self.matmul_settings = None, None, None
         self.trace = None
+        self.marks_ms: list = []
         self._prof = self._loader_cm = self._recorder = None
         self._marks: list = []  # optimizer-step marker hooks while the profiled steps run
         self._t = None
@@ -97,6 +98,7 @@ class StepSchedule:
         (capture/_deferred.py says why)."""
         if self.complete:
             raise RuntimeError("the schedule is complete; no more steps are observed")
+        ended = time.perf_counter()  # the step's host work, before any sync
         k, w, s = self.ends + 1, self.warmup, self.steps
         if not w + s < k < w + 2 * s:
             # Not between profiled steps: a sync there would put a host wait and the GPU's idle
@@ -106,6 +108,13 @@ class StepSchedule:
         self.ends = k
         if w < k <= w + s:
             self.times_ms.append((now - self._t) * 1e3)
+            marks = profiler.note_host_marks(k < w + s)  # collecting for the next one too
+            if marks and marks[0][0] == profiler.OPT_END:
+                marks = marks[1:]  # the last step's optimizer, whose hook ran after its end
+            self.marks_ms.append(
+                [(label, (t - self._t) * 1e3) for label, t in marks]
+                + [("end", (ended - self._t) * 1e3)]
+            )
         if k == w + s:
             if self.cuda:
                 self.peak = torch.cuda.max_memory_allocated()
@@ -159,6 +168,7 @@ class StepSchedule:
             size=size,
             matmul_settings=self.matmul_settings,
             trace=self.trace,
+            marks_ms=self.marks_ms,
         )
 
     def close(self) -> None:
@@ -168,6 +178,7 @@ class StepSchedule:
             ctx.__exit__(None, None, None)
 
         _deferred.disarm()  # a recorded step whose session never started
+        profiler.note_host_marks(False)
 
         # the profiler through profiler.stop: its warning filter applies to an aborted run too
         for ctx, stop in (
@@ -192,6 +203,7 @@ class StepSchedule:
         self._marks = []
 
     def _begin_timing(self) -> None:
+        profiler.note_host_marks(True)
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
 

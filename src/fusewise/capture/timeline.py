@@ -46,6 +46,7 @@ _RANGES = (
     "ProfilerStep#",
     "fusewise.op#",
     "fusewise.optimizer.",
+    "fusewise.backward",
     "enumerate(DataLoader)",
 )
 

@@ -108,7 +108,7 @@ def replay_of(obs) -> Replay | None:
         return cached
     trace = getattr(obs, "trace", None)
     plain = obs.median_ms if trace is not None else None
-    obs._replay = Replay(trace, plain) if plain else None
+    obs._replay = Replay(trace, plain, getattr(obs, "marks_ms", None)) if plain else None
     return obs._replay
 
 

@@ -72,9 +72,11 @@ class _Cut:
 
 
 class Replay:
-    """The recorded step's trace, calibrated against the plain step's median time (ms)."""
+    """The recorded step's trace, calibrated against the plain steps: their host time at each
+    mark (plain_marks: per step, (label, ms from its start), as Observation.marks_ms) where
+    their labels match the trace's, else their median time (ms) alone."""
 
-    def __init__(self, trace: StepTrace, plain_ms: float):
+    def __init__(self, trace: StepTrace, plain_ms: float, plain_marks=None):
         self.trace, self.plain_ms = trace, plain_ms
         self._events = sorted(
             [(t, _OP, None) for t in trace.op_starts]
@@ -82,27 +84,58 @@ class Replay:
             + [(s, _SYNC, (s, e)) for s, e in trace.syncs],
             key=_order,  # stable: kernels of one instant stay in issue order
         )
-        self.k_us = self._calibrate()
+        self._spans = [e - s for s, e in trace.spans.values()]
+        self.bounds: list[float] = []  # each phase's end on the trace's clock
+        self.ks: list[float] = []  # the profiler's cost per op (µs) in each phase
+        self.calibrated_on = "the plain step's median time"
+        targets = _plain_targets(plain_marks, [m for m, _ in trace.marks] + ["end"])
+        if targets is not None:
+            self.bounds = [t for _, t in trace.marks] + [trace.step_end_us]
+            self.ks = self._calibrate_phases(targets)
+            self.calibrated_on = "the plain steps' host time at each backward/optimizer mark"
+        else:
+            self.ks = [self._calibrate_total()]
         self.base_ms = self.step_ms()
-        spans = [e - s for s, e in trace.spans.values()]
-        # a fused op's host cost: a typical op's, less the profiler's share
-        self.op_host_us = max(0.0, statistics.median(spans) - self.k_us) if spans else 0.0
 
-    def _calibrate(self) -> float:
+    @property
+    def k_us(self) -> float:
+        """The profiler's cost per op: the mean over the phases."""
+        return sum(self.ks) / len(self.ks)
+
+    def _k_at(self, t: float, ks) -> float:
+        # an op starting at a mark belongs to the phase the mark begins
+        return ks[min(bisect.bisect_right(self.bounds, t), len(ks) - 1)]
+
+    def _calibrate_total(self) -> float:
         if self.step_ms(k_us=0.0) <= self.plain_ms:
             return 0.0  # the profiled host was no slower than the plain step
         if self.step_ms(k_us=K_MAX_US) >= self.plain_ms:
             return K_MAX_US  # the device alone takes longer: the host cost does not matter
-        low, high = 0.0, K_MAX_US
-        for _ in range(_BISECTIONS):
-            mid = (low + high) / 2
-            low, high = (mid, high) if self.step_ms(k_us=mid) > self.plain_ms else (low, mid)
-        return (low + high) / 2
+        return _bisect(lambda k: self.step_ms(k_us=k) > self.plain_ms)
+
+    def _calibrate_phases(self, targets_us) -> list[float]:
+        """Phase by phase, the cost per op at which the host reaches the phase's end when the
+        plain steps' host did (waits for the device included on both sides)."""
+        ks: list[float] = []
+        for bound, target in zip(self.bounds, targets_us):
+
+            def late(k, bound=bound, target=target):
+                return self._walk(ks + [k], until=bound)[0] > target
+
+            if not late(0.0):
+                ks.append(0.0)
+            elif late(K_MAX_US):
+                ks.append(K_MAX_US)
+            else:
+                ks.append(_bisect(late))
+        return ks
 
     def fused(self, ops, device_ms: float) -> Fused:
-        """The fused kernel replacing `ops` (op-graph indices): issued where the first began."""
-        starts = [self.trace.spans[i][0] for i in ops if i in self.trace.spans]
-        return Fused(min(starts, default=0.0), device_ms * 1e3, self.op_host_us)
+        """The fused kernel replacing `ops` (op-graph indices): issued where the first began,
+        costing the host a typical op's time less the profiler's share there."""
+        at = min((self.trace.spans[i][0] for i in ops if i in self.trace.spans), default=0.0)
+        host = statistics.median(self._spans) - self._k_at(at, self.ks) if self._spans else 0.0
+        return Fused(at, device_ms * 1e3, max(0.0, host))
 
     def covers(self, ops) -> bool:
         """Whether the trace knows the host span of every op (an op graph from another session
@@ -115,16 +148,27 @@ class Replay:
 
     def step_ms(self, removed=(), fused=(), unsynced=(), *, k_us: float | None = None) -> float:
         """The replayed step (ms) without the `removed` ops (indices into the op graph), with
-        the `fused` kernels added and the syncs inside the `unsynced` ops' spans not waiting."""
-        tr, k = self.trace, self.k_us if k_us is None else k_us
+        the `fused` kernels added and the syncs inside the `unsynced` ops' spans not waiting.
+        k_us: one cost per op for the whole step instead of the calibrated ones."""
+        ks = self.ks if k_us is None else [k_us] * max(1, len(self.bounds))
+        host, device = self._walk(ks, removed, fused, unsynced)
+        return max(host, device) / 1e3
+
+    def _walk(self, ks, removed=(), fused=(), unsynced=(), until=None):
+        """(host clock, device free) in µs at `until` on the trace's clock (the step's end when
+        None); see the module's docstring for the model."""
+        tr = self.trace
         removed = set(removed)
         cut = _Cut([tr.spans[i] for i in removed if i in tr.spans] + tr.syncs)
         kept_waits = _waits_kept(tr, unsynced)
         events = self._events
         if fused:
             events = sorted(events + [(f.at_us, _FUSED, f) for f in fused], key=_order)
+        end = tr.end_us if until is None else until
         host = extra = debt = device = last = 0.0
         for t, kind, x in events:
+            if t >= end:
+                break
             f = cut.free(t)
             # the profiler's cost of the ops so far comes off the host time that followed them
             pay = min(debt, f - last)
@@ -135,23 +179,44 @@ class Replay:
                     device = max(device, now) + x.duration_us
             elif kind == _OP:
                 if not cut.inside(t):
-                    debt += k
+                    debt += self._k_at(t, ks)
             elif kind == _SYNC:
                 if x in kept_waits:
                     extra += max(0.0, device - now)
             else:  # a fused kernel
                 device = max(device, now) + x.device_us
                 extra += x.host_us
-        f = cut.free(tr.end_us)
-        host += max(0.0, f - last - debt)
-        return max(host + extra, device) / 1e3
+        host += max(0.0, cut.free(end) - last - debt)
+        return host + extra, device
 
     def evidence(self) -> dict:
         return dict(
             replayed_step_ms=round(self.base_ms, 3),
             plain_step_ms=round(self.plain_ms, 3),
-            profiler_cost_per_op_us=round(self.k_us, 2),
+            profiler_cost_per_op_us=[round(k, 2) for k in self.ks],
+            calibrated_on=self.calibrated_on,
         )
+
+
+def _bisect(too_slow) -> float:
+    """The smallest cost per op in [0, K_MAX_US] at which too_slow(k) turns false."""
+    low, high = 0.0, K_MAX_US
+    for _ in range(_BISECTIONS):
+        mid = (low + high) / 2
+        low, high = (mid, high) if too_slow(mid) else (low, mid)
+    return (low + high) / 2
+
+
+def _plain_targets(plain_marks, labels) -> list[float] | None:
+    """µs from the step's start to each of `labels`, the median over the plain steps whose
+    marks carry exactly those labels in that order; None when there are none, or the trace
+    has no marks (its one phase is calibrated on the median step time)."""
+    if not plain_marks or len(labels) < 2:
+        return None
+    same = [[ms for _, ms in step] for step in plain_marks if [lb for lb, _ in step] == labels]
+    if not same:
+        return None
+    return [statistics.median(col) * 1e3 for col in zip(*same)]
 
 
 def _order(event):
