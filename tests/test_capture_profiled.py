@@ -126,6 +126,25 @@ def test_a_changed_private_api_fails_naming_the_torch_version():
         profiled.graph_from_profile(prof, cuda=False)
 
 
+def test_a_frame_name_that_is_not_utf8_falls_back_to_its_callsite():
+    """torch 2.13 sometimes fails to decode a frame's name (CI saw it on its own
+    _cupti_monitor.py frame); the walk must go on, deciding from the callsite's file."""
+    from fusewise.capture._event_graph import _frame_name
+
+    class Garbled:
+        extra_fields = SimpleNamespace(
+            callsite=SimpleNamespace(file_name="/x/torch/profiler/_cupti_monitor.py", line_number=0)
+        )
+
+        @property
+        def name(self):
+            raise UnicodeDecodeError("utf-8", b"\x02\x94", 1, 2, "invalid start byte")
+
+    assert _frame_name(Garbled()) == "/x/torch/profiler/_cupti_monitor.py(0): ?"
+    ok = SimpleNamespace(name="/u/train.py(12): step")
+    assert _frame_name(ok) == "/u/train.py(12): step"
+
+
 def test_the_capture_is_chosen_by_name(monkeypatch):
     monkeypatch.delenv("FUSEWISE_CAPTURE", raising=False)
     assert capture_kind() == "profiler" and StepSchedule(1, 0).capture == "profiler"

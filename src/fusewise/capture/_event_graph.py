@@ -104,7 +104,7 @@ class Builder:
                 phase = "optimizer"
             self._op(e, op, line, phase, seq)
         for frame, items in self._pending:  # now that every allocation's time is known
-            resolve_slots(frame.name, self._user_frame(frame), items, self._made_in)
+            resolve_slots(_frame_name(frame), self._user_frame(frame), items, self._made_in)
         for op, cell in zip(self.graph.ops, self.where_cells):
             op.where = cell[0] or "?"
 
@@ -112,7 +112,7 @@ class Builder:
         """How the file of a Python function's frame is shown, None when not user code."""
         if ev.tag != self.T.PyCall:
             return None
-        return frame_shown(ev.name, self._shown)
+        return frame_shown(_frame_name(ev), self._shown)
 
     def _cell(self, e, pystack) -> list:
         """[line] of an op; for an op run by a user frame itself (an operator slot: x - y, no
@@ -322,3 +322,15 @@ class Builder:
                 for i in self.corr.get(corr, ())[:1]:
                     g.ops[i].ms += us / 1e3
         return g
+
+
+def _frame_name(ev) -> str:
+    """The profiler's "path(LINE): function" of a Python frame. torch 2.13 now and then hands
+    back a name that is not UTF-8 (seen on its own torch/profiler/_cupti_monitor.py frame, whose
+    function name came back as garbage bytes); the callsite's file and line still decode, and
+    they are all that decides whether the frame is user code."""
+    try:
+        return ev.name
+    except UnicodeDecodeError:
+        site = ev.extra_fields.callsite
+        return f"{site.file_name}({site.line_number}): ?"
