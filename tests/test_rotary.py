@@ -189,7 +189,7 @@ def test_half_precision(case, dtype, device):
 
 @pytest.mark.parametrize("variant", [v for v in rotary_launch.VARIANTS if v != "row"])
 def test_every_variant_matches_float64(variant, device, monkeypatch):
-    """The variants the sweep compares (several rows a program, head blocks, whole rows): the
+    """The variants the sweep compares (several rows a program, whole rows, native rounding): the
     same values as the default, over the cases whose heads, rows and pairs overhang the tiles,
     partial and interleaved rotary, strided and expanded layouts, and one gradient at a time."""
     monkeypatch.setattr(rotary_launch, "VARIANT", variant)
@@ -200,7 +200,7 @@ def test_every_variant_matches_float64(variant, device, monkeypatch):
         _check(CASES[3], torch.float32, device, need=need)
 
 
-@pytest.mark.parametrize("variant", ["row", "whole", "split8-rows4"])
+@pytest.mark.parametrize("variant", ["row", "whole", "whole-rows2-w8"])
 def test_in_place_writes_the_same_values_over_the_inputs(variant, device, monkeypatch):
     """launch.rotary(in_place=True), the sweep's diagnostic of Liger's in-place writes: the
     values of the out-of-place call, written over q and k (HF's transposed q, a contiguous k)."""

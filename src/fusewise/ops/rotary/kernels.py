@@ -287,18 +287,15 @@ def rotary_tiles_kernel(
     BLOCK_HK: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
-    SPLIT: tl.constexpr,
     MASK_Q: tl.constexpr,
     MASK_K: tl.constexpr,
     HAS_TAIL: tl.constexpr,
     NATIVE_ROUND: tl.constexpr,
 ):
-    """rotary_kernel's rotation on [ROWS, BLOCK_H, BLOCK_HALF] tiles: program (r, j) takes rows
-    r·ROWS.. of [B·S] and, with SPLIT, the j-th head block of q then of k (grid axis 1 has
-    cdiv(N_Q, BLOCK_HQ) + cdiv(N_K, BLOCK_HK) blocks: more, smaller programs); without SPLIT
-    all heads of q and k (BLOCK_HQ >= N_Q, BLOCK_HK >= N_K), every load of q and k issued before
-    the first store, so a program keeps its whole rows in flight (stores may alias loads to the
-    compiler, which then cannot move a later load above them)."""
+    """rotary_kernel's rotation on [ROWS, BLOCK_H, BLOCK_HALF] tiles: program r takes rows
+    r·ROWS.. of [B·S], all heads of q and k (BLOCK_HQ >= N_Q, BLOCK_HK >= N_K), every load of q
+    and k issued before the first store, so a program keeps its whole rows in flight (stores may
+    alias loads to the compiler, which then cannot move a later load above them)."""
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < N_ROWS
     b = rows // S
@@ -325,129 +322,55 @@ def rotary_tiles_kernel(
         sb = -sin_a
     q_off = b * stride_qb + s * stride_qs
     k_off = b * stride_kb + s * stride_ks
-    if SPLIT:
-        j = tl.program_id(1)
-        q_blocks = tl.cdiv(N_Q, BLOCK_HQ)
-        if j < q_blocks:
-            h0 = j * BLOCK_HQ
-            xa, xb, heads, mask = _load_block(
-                Q, q_off, h0, stride_qh, fa, fb, row_ok, pair_ok, N_Q, BLOCK_HQ, MASK_Q
-            )
-            _store_block(
-                QO,
-                q_off,
-                heads,
-                stride_qh,
-                fa,
-                fb,
-                mask,
-                xa,
-                xb,
-                ca,
-                cb,
-                sa,
-                sb,
-                MASK_Q,
-                NATIVE_ROUND,
-            )
-            if HAS_TAIL:
-                _copy_tail(
-                    Q,
-                    QO,
-                    q_off,
-                    h0,
-                    stride_qh,
-                    2 * HALF + tl.arange(0, BLOCK_TAIL).to(tl.int64),
-                    row_ok,
-                    tl.arange(0, BLOCK_TAIL) < N_TAIL,
-                    N_Q,
-                    BLOCK_HQ,
-                )
-        else:
-            h0 = (j - q_blocks) * BLOCK_HK
-            xa, xb, heads, mask = _load_block(
-                K, k_off, h0, stride_kh, fa, fb, row_ok, pair_ok, N_K, BLOCK_HK, MASK_K
-            )
-            _store_block(
-                KO,
-                k_off,
-                heads,
-                stride_kh,
-                fa,
-                fb,
-                mask,
-                xa,
-                xb,
-                ca,
-                cb,
-                sa,
-                sb,
-                MASK_K,
-                NATIVE_ROUND,
-            )
-            if HAS_TAIL:
-                _copy_tail(
-                    K,
-                    KO,
-                    k_off,
-                    h0,
-                    stride_kh,
-                    2 * HALF + tl.arange(0, BLOCK_TAIL).to(tl.int64),
-                    row_ok,
-                    tl.arange(0, BLOCK_TAIL) < N_TAIL,
-                    N_K,
-                    BLOCK_HK,
-                )
-    else:
-        # a tensor not needed has 0 heads: never loaded nor stored (constexpr branches)
+    # a tensor not needed has 0 heads: never loaded nor stored (constexpr branches)
+    if N_Q > 0:
+        qa, qb, q_heads, q_mask = _load_block(
+            Q, q_off, 0, stride_qh, fa, fb, row_ok, pair_ok, N_Q, BLOCK_HQ, MASK_Q
+        )
+    if N_K > 0:
+        ka, kb, k_heads, k_mask = _load_block(
+            K, k_off, 0, stride_kh, fa, fb, row_ok, pair_ok, N_K, BLOCK_HK, MASK_K
+        )
+    if N_Q > 0:
+        _store_block(
+            QO,
+            q_off,
+            q_heads,
+            stride_qh,
+            fa,
+            fb,
+            q_mask,
+            qa,
+            qb,
+            ca,
+            cb,
+            sa,
+            sb,
+            MASK_Q,
+            NATIVE_ROUND,
+        )
+    if N_K > 0:
+        _store_block(
+            KO,
+            k_off,
+            k_heads,
+            stride_kh,
+            fa,
+            fb,
+            k_mask,
+            ka,
+            kb,
+            ca,
+            cb,
+            sa,
+            sb,
+            MASK_K,
+            NATIVE_ROUND,
+        )
+    if HAS_TAIL:
+        ft = 2 * HALF + tl.arange(0, BLOCK_TAIL).to(tl.int64)
+        tail_ok = tl.arange(0, BLOCK_TAIL) < N_TAIL
         if N_Q > 0:
-            qa, qb, q_heads, q_mask = _load_block(
-                Q, q_off, 0, stride_qh, fa, fb, row_ok, pair_ok, N_Q, BLOCK_HQ, MASK_Q
-            )
+            _copy_tail(Q, QO, q_off, 0, stride_qh, ft, row_ok, tail_ok, N_Q, BLOCK_HQ)
         if N_K > 0:
-            ka, kb, k_heads, k_mask = _load_block(
-                K, k_off, 0, stride_kh, fa, fb, row_ok, pair_ok, N_K, BLOCK_HK, MASK_K
-            )
-        if N_Q > 0:
-            _store_block(
-                QO,
-                q_off,
-                q_heads,
-                stride_qh,
-                fa,
-                fb,
-                q_mask,
-                qa,
-                qb,
-                ca,
-                cb,
-                sa,
-                sb,
-                MASK_Q,
-                NATIVE_ROUND,
-            )
-        if N_K > 0:
-            _store_block(
-                KO,
-                k_off,
-                k_heads,
-                stride_kh,
-                fa,
-                fb,
-                k_mask,
-                ka,
-                kb,
-                ca,
-                cb,
-                sa,
-                sb,
-                MASK_K,
-                NATIVE_ROUND,
-            )
-        if HAS_TAIL:
-            ft = 2 * HALF + tl.arange(0, BLOCK_TAIL).to(tl.int64)
-            tail_ok = tl.arange(0, BLOCK_TAIL) < N_TAIL
-            if N_Q > 0:
-                _copy_tail(Q, QO, q_off, 0, stride_qh, ft, row_ok, tail_ok, N_Q, BLOCK_HQ)
-            if N_K > 0:
-                _copy_tail(K, KO, k_off, 0, stride_kh, ft, row_ok, tail_ok, N_K, BLOCK_HK)
+            _copy_tail(K, KO, k_off, 0, stride_kh, ft, row_ok, tail_ok, N_K, BLOCK_HK)

@@ -39,15 +39,14 @@ class Variant:
 
     kernel "row": kernels.rotary_kernel, one program per (b, s) row walking its heads in tiles of
     TILE_ELEMENTS elements, a tile's stores before the next tile's loads. kernel "tiles":
-    kernels.rotary_tiles_kernel, `rows` rows a program; block_heads 0: all heads of q and k, every
-    load before the first store (Liger's order); block_heads > 0: one program per rows x head
-    block (q's blocks, then k's), more and smaller programs. native_round: the GPU's
+    kernels.rotary_tiles_kernel, `rows` rows a program with all heads of q and k, every load before
+    the first store (Liger's order). (Programs of one head block each, q's then k's, were tried
+    and dropped: their if/else over q and k did not compile on the GPU.) native_round: the GPU's
     round-to-nearest-even cast instead of round_to's integer rounding (the same values, fewer
     instructions; the interpreter, on the CPU, always takes round_to)."""
 
     kernel: str = "row"
     rows: int = 1
-    block_heads: int = 0
     num_warps: int | None = None  # None: NUM_WARPS
     native_round: bool = False
     tile_elements: int | None = None  # kernel "row": None: TILE_ELEMENTS
@@ -60,11 +59,6 @@ VARIANTS = {
     "whole": Variant("tiles", native_round=True),
     "whole-w8": Variant("tiles", num_warps=8, native_round=True),
     "whole-rows2-w8": Variant("tiles", rows=2, num_warps=8, native_round=True),
-    "split8": Variant("tiles", block_heads=8, native_round=True),
-    "split8-rows2": Variant("tiles", rows=2, block_heads=8, native_round=True),
-    "split8-rows4": Variant("tiles", rows=4, block_heads=8, native_round=True),
-    "split8-rows4-w8": Variant("tiles", rows=4, block_heads=8, num_warps=8, native_round=True),
-    "split16-rows2": Variant("tiles", rows=2, block_heads=16, native_round=True),
 }
 # The variant every call takes (a module attribute, read at each call: the sweep sets it);
 # FUSEWISE_ROTARY_VARIANT names another at import.
@@ -183,15 +177,10 @@ def rotary(
 
 
 def _launch_tiles(variant: Variant, n_rows: int, seq: int, args: tuple, shapes: dict) -> None:
-    """kernels.rotary_tiles_kernel over [n_rows / rows] x [head blocks] programs."""
+    """kernels.rotary_tiles_kernel over [n_rows / rows] programs, all heads in each."""
     n_q, n_k, rows = shapes["N_Q"], shapes["N_K"], variant.rows
-    if variant.block_heads:
-        block_hq = min(variant.block_heads, next_power_of_2(max(n_q, 1)))
-        block_hk = min(variant.block_heads, next_power_of_2(max(n_k, 1)))
-        grid = (-(-n_rows // rows), -(-n_q // block_hq) + -(-n_k // block_hk))
-    else:
-        block_hq, block_hk = next_power_of_2(max(n_q, 1)), next_power_of_2(max(n_k, 1))
-        grid = (-(-n_rows // rows),)
+    block_hq, block_hk = next_power_of_2(max(n_q, 1)), next_power_of_2(max(n_k, 1))
+    grid = (-(-n_rows // rows),)
     pairs_overhang = shapes["BLOCK_HALF"] != shapes["HALF"] or n_rows % rows != 0
     K.rotary_tiles_kernel[grid](
         *args[:6],
@@ -201,7 +190,6 @@ def _launch_tiles(variant: Variant, n_rows: int, seq: int, args: tuple, shapes: 
         ROWS=rows,
         BLOCK_HQ=block_hq,
         BLOCK_HK=block_hk,
-        SPLIT=variant.block_heads > 0,
         MASK_Q=n_q % block_hq != 0 or pairs_overhang,
         MASK_K=n_k % block_hk != 0 or pairs_overhang,
         **shapes,
