@@ -13,14 +13,24 @@ the loss with the generic fix, torch.compile of the cast and the cross-entropy (
 matmul stays cuBLAS's), `loss` with fusewise.ops.linear_cross_entropy.
 
 python benchmarks/predict_pairs.py [--configs demo,small] [--pairs norm,attention,...]
-Table last; CSV rows (one per pair) and each naive diagnosis' findings (JSON) under $OUT.
+    [--dump-obs FILE]
+python benchmarks/predict_pairs.py --from-obs FILE   (on any machine: the current estimator
+    on a dump's observations, against the measured savings stored with them)
+Table last; CSV rows (one per pair) and each naive diagnosis' findings (JSON) under $OUT. The
+`parts` column is what the findings' op-time estimate (removed ops' time + launch gaps - fused
+kernel, summed per part) said where the replay gave the prediction, for comparison.
+--dump-obs: each naive diagnosis' Observation and ceilings with the pair's row, pickled and
+gzipped into FILE, so an estimator can be tried again on the CPU (diagnose.driver.analyze).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import importlib
 import json
 import os
+import pickle
 import warnings
 
 import torch
@@ -155,7 +165,26 @@ def _key(f) -> tuple[str, str | None]:
     return f.kind, f.pattern
 
 
-def run_pair(name: str, config: GPTConfig, *, device: str, dtype, rounds: int, out_dir):
+class _KeepObservation:
+    """Wraps diagnose.driver.analyze to keep the last Observation and ceilings it was given."""
+
+    def __init__(self):
+        self.driver = importlib.import_module("fusewise.diagnose.driver")
+        self.analyze, self.last = self.driver.analyze, None
+
+    def __enter__(self):
+        def keep(obs, ceil, **kw):
+            self.last = (obs, ceil)
+            return self.analyze(obs, ceil, **kw)
+
+        self.driver.analyze = keep
+        return self
+
+    def __exit__(self, *exc):
+        self.driver.analyze = self.analyze
+
+
+def run_pair(name: str, config: GPTConfig, *, device: str, dtype, rounds: int, out_dir, kept=None):
     if name == "sync":
         work = host_work()
         naive = build(config, {"clean"}, sync=True, device=device, dtype=dtype, work=work)
@@ -166,7 +195,8 @@ def run_pair(name: str, config: GPTConfig, *, device: str, dtype, rounds: int, o
         fixed = build(config, fixes, sync=False, device=device, dtype=dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # fusewise's CPU-path notices
-        report = fusewise.diagnose(naive[0], steps=5, warmup=2, restore=list(naive[1:]))
+        with _KeepObservation() as keep:
+            report = fusewise.diagnose(naive[0], steps=5, warmup=2, restore=list(naive[1:]))
         samples = interleave_steps(
             {"naive": naive[0], "fixed": fixed[0]},
             warmup=3,
@@ -176,13 +206,14 @@ def run_pair(name: str, config: GPTConfig, *, device: str, dtype, rounds: int, o
         )
     c = compare(samples["naive"], samples["fixed"])
     counted = [f for f in report.findings if _key(f) in ADDRESSES[name]]
-    predicted = sum(f.est_saving_ms for f in counted)
+    predicted, parts = predicted_of(report, name)
     if out_dir:
         with open(os.path.join(out_dir, f"pair_{name}_{_cname(config)}.json"), "w") as fh:
             json.dump(report.as_dict(), fh, indent=1, default=str)
-    return dict(
+    row = dict(
         pair=name,
         predicted_ms=predicted,
+        parts_ms=parts,
         measured_ms=c.saving_ms,
         low_ms=c.low_ms,
         high_ms=c.high_ms,
@@ -198,6 +229,38 @@ def run_pair(name: str, config: GPTConfig, *, device: str, dtype, rounds: int, o
             if f not in counted
         ),
     )
+    if kept is not None:
+        kept[name] = dict(obs=keep.last[0], ceil=keep.last[1], row=row)
+    return row
+
+
+def predicted_of(report, name: str) -> tuple[float, float]:
+    """(predicted, parts) of a naive report for pair `name`: the findings its fix addresses."""
+    counted = [f for f in report.findings if _key(f) in ADDRESSES[name]]
+    return (
+        sum(f.est_saving_ms for f in counted),
+        sum(f.evidence.get("sum_of_parts_ms", f.est_saving_ms) for f in counted),
+    )
+
+
+def from_obs(path: str) -> None:
+    """The current estimator on a dump's observations (see the module's docstring)."""
+    with gzip.open(path, "rb") as fh:
+        dump = pickle.load(fh)
+    driver = importlib.import_module("fusewise.diagnose.driver")
+    print(f"{path}: {dump['meta']}")
+    print(f"{'pair':11}{'was':>8}{'now':>8}{'parts':>8}{'measured':>10}{'ratio':>7}")
+    for name, d in dump["pairs"].items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            now, parts = predicted_of(driver.analyze(d["obs"], d["ceil"]), name)
+        m = d["row"]["measured_ms"]
+        ratio = now / m if m else float("nan")
+        ok = "ok" if abs(ratio - 1) <= 0.3 else "MISS"
+        print(
+            f"{name:11}{d['row']['predicted_ms']:8.2f}{now:8.2f}{parts:8.2f}{m:10.2f}"
+            f"{ratio:7.2f} {ok}"
+        )
 
 
 def _cname(config: GPTConfig) -> str:
@@ -212,21 +275,31 @@ def main() -> None:
     pairs = PAIRS if cuda else tuple(p for p in PAIRS if p != "loss-compile")
     ap.add_argument("--pairs", default=",".join(pairs))
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--dump-obs", default=None, help="gzipped pickle of the naive observations")
+    ap.add_argument("--from-obs", default=None, help="re-predict a --dump-obs file's pairs")
     a = ap.parse_args()
+    if a.from_obs:
+        return from_obs(a.from_obs)
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     out_dir = os.environ.get("OUT")
-    rows = []
+    rows, kept = [], ({} if a.dump_obs else None)
     for cname in a.configs.split(","):
         for pair in a.pairs.split(","):
             r = run_pair(
-                pair, CONFIGS[cname], device=device, dtype=dtype, rounds=a.rounds, out_dir=out_dir
+                pair,
+                CONFIGS[cname],
+                device=device,
+                dtype=dtype,
+                rounds=a.rounds,
+                out_dir=out_dir,
+                kept=kept,
             )
             r = dict(config=cname, **r)
             rows.append(r)
             print(
                 f"{cname:6} {pair:10} predicted {r['predicted_ms']:7.2f} ms  measured "
                 f"{r['measured_ms']:7.2f} [{r['low_ms']:.2f}, {r['high_ms']:.2f}]  "
-                f"ratio {r['ratio']:.2f}  | {r['findings']}",
+                f"ratio {r['ratio']:.2f}  parts {r['parts_ms']:.2f}  | {r['findings']}",
                 flush=True,
             )
     meta = dict(
@@ -235,6 +308,9 @@ def main() -> None:
         commit=commit(),
         date=__import__("datetime").date.today().isoformat(),
     )
+    if kept is not None:
+        with gzip.open(a.dump_obs, "wb") as fh:
+            pickle.dump(dict(meta=meta, pairs=kept), fh)
     if out_dir:
         import csv
 
@@ -245,13 +321,14 @@ def main() -> None:
     print(f"\n{meta}")
     print(
         f"{'config':7}{'pair':11}{'predicted':>10}{'measured':>10}{'95% interval':>20}{'ratio':>7}"
+        f"{'':4}{'parts':>7}"
     )
     for r in rows:
         ok = "ok" if abs(r["ratio"] - 1) <= 0.3 else "MISS"
         interval = f"[{r['low_ms']:.2f}, {r['high_ms']:.2f}]"
         print(
             f"{r['config']:7}{r['pair']:11}{r['predicted_ms']:10.2f}{r['measured_ms']:10.2f}"
-            f"{interval:>20}{r['ratio']:7.2f} {ok}"
+            f"{interval:>20}{r['ratio']:7.2f} {ok:4}{r['parts_ms']:7.2f}"
         )
 
 
