@@ -1,0 +1,27 @@
+#!/bin/bash
+# One GPU call of a session: GPU tests, the rotary variants against Liger, the predicted-vs-
+# measured pairs. Tables to stdout; CSV, logs and the pairs' observations under $OUT.
+# Usage (in the device command): FUSEWISE_COMMIT=<sha> TESTS="tests/a.py ..." \
+#   bash benchmarks/gpu_session.sh [tests] [rotary] [pairs]     (.whl carried: Liger for rotary)
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=$PWD/src:$PWD/benchmarks:/tmp/site PYTHONUNBUFFERED=1
+for what in "$@"; do
+  case $what in
+    tests)
+      timeout ${TESTS_S:-300} python -m pytest -q -p no:cacheprovider ${TESTS} 2>&1 \
+        | grep -v USDT > "$OUT/gpu_tests.txt"
+      grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -20; tail -1 "$OUT/gpu_tests.txt" ;;
+    rotary)
+      timeout ${ROTARY_S:-150} python benchmarks/sweep_rotary_variants.py \
+        --variants ${VARIANTS:-row,row-native,whole,whole-w8,whole-rows2-w8,row-inplace} \
+        --csv "$OUT/rotary_variants.csv" 2>&1 | grep -v USDT | tail -14 ;;
+    pairs)
+      (cd benchmarks && timeout ${PAIRS_S:-300} python predict_pairs.py --configs demo \
+        --rounds ${ROUNDS:-8} --dump-obs "$OUT/pairs_obs.pkl.gz" 2>&1 | grep -v USDT | tail -13)
+      rm -f "$OUT"/pair_*.json ;;
+  esac
+done
