@@ -425,3 +425,27 @@ def test_a_hugging_face_llama_step():
     assert "modeling_llama.py" in gated.where and "silu_backward" in gated.evidence["op_names"]
     assert "fusewise.ops.swiglu" in gated.fix
     assert "neg" in by_pattern["rotary", "forward"].evidence["op_names"]
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_an_optimizer_chain_holds_every_update_of_its_parameter(capture):
+    """A per-parameter AdamW (foreach=False) is one chain per parameter with all its updates:
+    `p.mul_(1 - lr * wd)` and `exp_avg_sq.mul_(beta2)` read nothing computed in the optimizer,
+    the updates after them read the gradient the backward's matmuls made; only matmuls of the
+    optimizer's own phase may part a chain (they once left both muls out: a fused optimizer
+    removes them too, and the H200 demo's prediction missed their 0.35 ms of kernels)."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256))
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.1, foreach=False)
+    x = torch.randn(64, 256)
+
+    def step():
+        opt.zero_grad()
+        m(x).square().mean().backward()
+        opt.step()
+
+    (f,) = [f for f in findings(capture, step) if f.evidence["phase"] == "optimizer"]
+    assert f.pattern == "optimizer" and f.evidence["chains"] == 4  # weight and bias, twice
+    # per parameter: 2 mul_, lerp_, addcmul_, sqrt, div, add_, addcdiv_
+    assert f.evidence["ops"] == 4 * 8
+    assert "mul_" in f.evidence["op_names"]

@@ -13,7 +13,7 @@ from fusewise.capture._trace import Kernel, StepTrace, trace_from_events
 from fusewise.capture.graph import OpGraph, OpRecord, Value
 from fusewise.capture.profiler import BACKWARD
 from fusewise.diagnose import _measured, syncs
-from fusewise.diagnose._replay import K_MAX_US, Fused, Replay
+from fusewise.diagnose._replay import K_MAX_US, Fused, Replay, device_gap_us
 from fusewise.diagnose.chains import find_chains
 from fusewise.hardware import Ceilings
 
@@ -55,6 +55,42 @@ def test_device_bound_step_saves_the_removed_kernels_less_the_fused_one():
     assert r.base_ms == pytest.approx(1.001, abs=1e-6)  # issued at 1 µs, 10 x 100 µs
     saved = r.saving_ms([3, 4], [Fused(tr.spans[3][0], 50.0, 5.0)])
     assert saved == pytest.approx(0.150, abs=1e-6)
+
+
+def test_the_device_gap_between_queued_kernels_is_counted_and_saved():
+    """Back-to-back kernels still leave a gap on the device (about 1 µs on the H200): a step
+    of many short kernels lasts their sum plus a gap each, and removing one saves its gap too
+    (a per-parameter AdamW loop's kernels, 4 µs each, lose a fifth of their time to it)."""
+    tr = make_trace([(1.0, [4.0])] * 100)  # 100 µs of host issuing 400 µs of kernels
+    r = Replay(tr, 1e9, kernel_gap_us=1.0)
+    # the first kernel issued at 1 µs pays its gap while the host issues it; the closing
+    # sync's wait ends with the last kernel
+    assert r.base_ms == pytest.approx(100 * 5.0 / 1e3, abs=1e-6)
+    assert r.saving_ms(range(50)) == pytest.approx(0.250, abs=1e-6)  # 50 x (4 + 1) µs
+    # a fused kernel pays the gap as well
+    assert r.saving_ms(range(50), [Fused(0.0, 20.0, 0.0)]) == pytest.approx(0.229, abs=1e-6)
+
+
+def test_device_gap_is_a_low_quantile_of_the_profiled_steps_idle():
+    # 8 kernels queued 1 µs apart, then one the device waited 300 µs for (the host's), and one
+    # overlapping its predecessor (another stream): the gap is the queued one
+    device = [(i * 11.0, i * 11.0 + 10.0, "k") for i in range(8)]
+    device += [(387.0, 397.0, "k"), (390.0, 400.0, "k")]
+    assert device_gap_us(device) == pytest.approx(1.0)
+    assert device_gap_us(device[:1]) == 0.0
+
+
+def test_host_savings_are_capped_by_the_plain_steps_device_idle():
+    """A replay whose host is slower than the plain step's (the profiler's cost is a phase's
+    mean) would save host time the plain step never waited for: the saving stays within the
+    device time removed plus the plain step's idle."""
+    tr = make_trace([(50.0, [10.0])] * 10)  # host-bound as recorded: 500 µs host, 100 device
+    assert Replay(tr, 1e9).saving_ms([0, 1]) == pytest.approx(0.100, abs=1e-6)
+    # measured, the plain step took 130 µs: 100 of kernels and 30 idle
+    r = Replay(tr, 0.130)
+    assert r.plain_idle_us == pytest.approx(30.0)
+    assert r.saving_ms([0, 1]) <= (20.0 + 30.0) / 1e3 + 1e-9
+    assert r.evidence()["plain_idle_ms"] == pytest.approx(0.030)
 
 
 def test_host_bound_step_saves_host_time_and_ignores_device_time():
@@ -209,6 +245,7 @@ def test_trace_from_kineto_events_joins_launches_kernels_ops_and_syncs():
         _Event("add_kernel", 49_000, 4_000, corr=104, linked=8, cuda=True),
         _Event("Memcpy DtoH", 60_000, 1_000, corr=102, linked=9, cuda=True),
         _Event("ProfilerStep#3", 0, 200_000, cuda=True),  # a range, not a kernel
+        _Event("cudaEventSync?", 45_000, 0, corr=105, cuda=True),  # zero-length: no kernel
     ]
     spans = [(1_000, 21_000), (30_000, 40_000), (50_000, 150_000)]
     tr = trace_from_events(events, {7: [0], 8: [1], 9: [2]}, spans)

@@ -65,6 +65,10 @@ def trace_from_events(events, corr_ops: dict[int, list[int]], spans_ns) -> StepT
     for e in events:
         name = e.name()
         if e.device_type() == torch.autograd.DeviceType.CUDA:
+            # zero-length device events are no kernels: the H200 showed two per op (op -1, never
+            # joined) in a session after other CUDA work in the process; they do no work
+            if e.duration_ns() <= 0:
+                continue
             if not _annotation(name) and not getattr(e, "is_user_annotation", lambda: False)():
                 kernels.append(
                     (e.start_ns(), e.duration_ns(), e.correlation_id(), e.linked_correlation_id())

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from ..capture.graph import OpGraph, OpRecord
 from . import thresholds as T
-from ._replay import Replay
+from ._replay import Replay, device_gap_us
 
 MATMULS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default"}
 
@@ -108,7 +108,9 @@ def replay_of(obs) -> Replay | None:
         return cached
     trace = getattr(obs, "trace", None)
     plain = obs.median_ms if trace is not None else None
-    obs._replay = Replay(trace, plain, getattr(obs, "marks_ms", None)) if plain else None
+    tl = getattr(obs, "timeline", None)
+    gap = device_gap_us(tl.device) if tl is not None else 0.0
+    obs._replay = Replay(trace, plain, getattr(obs, "marks_ms", None), gap) if plain else None
     return obs._replay
 
 
@@ -152,12 +154,19 @@ class Saving:
     removed: tuple[int, ...] = ()  # their op-graph indices
 
 
-def saving(removed: list[OpRecord], fused_bytes: float, bandwidth_GBps: float, t: Timing):
+def saving(
+    removed: list[OpRecord],
+    fused_bytes: float,
+    bandwidth_GBps: float,
+    t: Timing,
+    efficiency: float = T.FUSED_KERNEL_EFFICIENCY,
+):
     """removed: the ops the fix takes away (a chain's matmuls are not among them: the fused
-    kernel still does their FLOPs); fused_bytes: what the fused kernel must move."""
+    kernel still does their FLOPs); fused_bytes: what the fused kernel must move, at
+    `efficiency` of the copy ceiling."""
     removed_ms = sum(t.op_ms(op) for op in removed)
     gaps = sum(t.op_gap_ms(op) for op in removed)
-    fused = fused_bytes / (bandwidth_GBps * 1e9 * T.FUSED_KERNEL_EFFICIENCY) * 1e3
+    fused = fused_bytes / (bandwidth_GBps * 1e9 * efficiency) * 1e3
     return Saving(
         max(0.0, removed_ms + gaps - fused),
         removed_ms,

@@ -83,13 +83,16 @@ class _Graph:
 
 
 def _depths(gr: _Graph, kinds: dict[int, str]) -> list[int]:
-    """Compute ops (anything not memory-bound) on the longest path to each op."""
+    """Compute ops (anything not memory-bound) on the longest path to each op within its phase.
+    A value made in another phase counts from 0: chains never cross phases, and the matmuls
+    behind a gradient must not part an optimizer's update of a parameter (`p.mul_(1 - lr*wd)`,
+    nothing computed before it in the optimizer) from the update that reads the gradient."""
     depth = [0] * len(gr.g.ops)
     for op in gr.g.ops:  # execution order is a topological order
         d = 0
         for v in op.inputs:
             p = gr.producer.get(gr.resolve(v))
-            if p is not None and p != op.index:
+            if p is not None and p != op.index and gr.g.ops[p].phase == op.phase:
                 d = max(d, depth[p] + (kinds[p] != "membound" and not gr.g.ops[p].is_view))
         depth[op.index] = d
     return depth
@@ -196,23 +199,27 @@ def find_chains(graph: OpGraph, ceilings, timing: _measured.Timing | None = None
         written, minimum, largest = chain_cost(gr, chain)
         matmuls = [graph.ops[i] for i in chain if kinds[i] == "matmul"]
         bytes_saving_ms = (written - minimum) / (bandwidth_GBps * 1e6)
+        ops = [graph.ops[i] for i in sorted(chain)]
+        pattern = _patterns.pattern(ops, graph, gr.base, gr.producer)
         if timing is not None:
             # the fused kernel keeps the matmuls' FLOPs: only the memory-bound ops go
             removed = [graph.ops[i] for i in chain if kinds[i] == "membound"]
-            measured = _measured.saving(removed, minimum, bandwidth_GBps, timing)
+            efficiency = T.FUSED_KERNEL_EFFICIENCY_BY_PATTERN.get(
+                pattern, T.FUSED_KERNEL_EFFICIENCY
+            )
+            measured = _measured.saving(removed, minimum, bandwidth_GBps, timing, efficiency)
             saving_ms, matmul_ms = measured.ms, sum(timing.op_ms(op) for op in matmuls)
         else:
             measured, saving_ms = None, bytes_saving_ms
             matmul_ms = sum(op.flops for op in matmuls) / (ceilings.matmul_TFLOPs * 1e9)
         if bytes_saving_ms <= 0 or saving_ms < T.CHAIN_MIN_SHARE_OF_MATMUL * matmul_ms:
             continue  # nothing to save, or the matmuls dominate (a feed-forward block)
-        ops = [graph.ops[i] for i in sorted(chain)]
         where_op = (
             graph.ops[gr.producer[largest]]
             if largest is not None
             else max(ops, key=lambda o: o.bytes)
         )
-        key = (_patterns.pattern(ops, graph, gr.base, gr.producer), where_op.where, ops[0].phase)
+        key = (pattern, where_op.where, ops[0].phase)
         # on the clock of the prediction (the scaled times), so the two columns compare
         one = dict(
             written=written,

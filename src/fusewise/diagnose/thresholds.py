@@ -25,6 +25,9 @@ CHAIN_MIN_SHARE_OF_MATMUL = 0.25
 # memory-bound ops moves its bytes at this share of the copy ceiling: on the H200 the best fused
 # norms reach 63-95% forward and 37-53% forward+backward, fused AdamW 81-93% (PERF.md).
 FUSED_KERNEL_EFFICIENCY = 0.6
+# ... where the fix is a known kernel, its measured share (benchmarks/results/h200_adamw.csv:
+# torch's fused AdamW 79%, fusewise's 93-99%: the lower of the two fixes a finding names)
+FUSED_KERNEL_EFFICIENCY_BY_PATTERN = {"optimizer": 0.8}
 # The recorded step's op times are put on the profiled steps' clock by the ratio of their
 # device-busy times; a ratio outside this range means the two steps did different work, and
 # the recorded times are kept as measured.
