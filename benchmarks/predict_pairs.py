@@ -232,7 +232,7 @@ def run_pair(name: str, config: GPTConfig, *, device: str, dtype, rounds: int, o
         ),
     )
     if kept is not None:
-        kept[name] = dict(obs=keep.last[0], ceil=keep.last[1], row=row)
+        kept[f"{_cname(config)}/{name}"] = dict(obs=keep.last[0], ceil=keep.last[1], row=row)
     return row
 
 
@@ -251,8 +251,9 @@ def from_obs(path: str) -> None:
         dump = pickle.load(fh)
     driver = importlib.import_module("fusewise.diagnose.driver")
     print(f"{path}: {dump['meta']}")
-    print(f"{'pair':11}{'was':>8}{'now':>8}{'parts':>8}{'measured':>10}{'ratio':>7}")
-    for name, d in dump["pairs"].items():
+    print(f"{'pair':18}{'was':>8}{'now':>8}{'parts':>8}{'measured':>10}{'ratio':>7}")
+    for key, d in dump["pairs"].items():
+        name = key.split("/")[-1]  # config/pair (a dump of 3ec7e4f: the pair alone)
         d["obs"].__dict__.pop("_replay", None)  # the dumping run's estimator, cached
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -261,7 +262,7 @@ def from_obs(path: str) -> None:
         ratio = now / m if m else float("nan")
         ok = "ok" if abs(ratio - 1) <= 0.3 else "MISS"
         print(
-            f"{name:11}{d['row']['predicted_ms']:8.2f}{now:8.2f}{parts:8.2f}{m:10.2f}"
+            f"{key:18}{d['row']['predicted_ms']:8.2f}{now:8.2f}{parts:8.2f}{m:10.2f}"
             f"{ratio:7.2f} {ok}"
         )
 

@@ -449,3 +449,23 @@ def test_an_optimizer_chain_holds_every_update_of_its_parameter(capture):
     # per parameter: 2 mul_, lerp_, addcmul_, sqrt, div, add_, addcdiv_
     assert f.evidence["ops"] == 4 * 8
     assert "mul_" in f.evidence["op_names"]
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_ops_after_the_optimizer_step_never_join_a_chain_before_the_backward(capture):
+    """Ops after opt.step() are labelled forward too; a chain cannot take the clone made before
+    the backward and the ops after the step (the optimizer rewrites w between them)."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(512, 512))
+    opt = torch.optim.SGD([w], lr=0.1)
+    x = torch.randn(64, 512)
+
+    def step():
+        opt.zero_grad()
+        old = w.detach().clone()
+        (x @ w).square().mean().backward()
+        opt.step()
+        return (w.detach() - old).abs().amax()
+
+    for f in findings(capture, step):
+        assert not {"clone", "sub"} <= set(f.evidence["op_names"]), f.evidence

@@ -38,6 +38,7 @@ class Kernel:
     issue_us: float  # when the host issued it (its runtime call; else its op's start)
     duration_us: float  # how long it ran on the device
     op: int  # index of the op-graph op that launched it; -1 for none
+    start_us: float | None = None  # when it began on the device (None: not known)
 
 
 @dataclass
@@ -93,7 +94,7 @@ def trace_from_events(events, corr_ops: dict[int, list[int]], spans_ns) -> StepT
         # the launch call; else the op that launched it; else no earlier than it started
         issue = launches.get(corr, op_start.get(linked, start))
         op = (corr_ops.get(linked) or [-1])[0]
-        issued.append((issue, start, Kernel(us(issue), dur / 1e3, op)))
+        issued.append((issue, start, Kernel(us(issue), dur / 1e3, op, us(start))))
     # one stream's kernels run in issue order; ties (one call, several copies) by device start
     trace.kernels = [k for _, _, k in sorted(issued, key=lambda x: (x[0], x[1]))]
     trace.syncs = sorted(

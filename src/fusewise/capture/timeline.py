@@ -64,7 +64,8 @@ def timeline_from_profiler(prof, steps: int) -> Timeline | None:
     for e in events:
         start, end = e.time_range.start, e.time_range.end
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            if not (_annotation(e.name) or e.name in ranges):
+            # zero-length device events do no work (capture/_trace.py says where they came from)
+            if end > start and not (_annotation(e.name) or e.name in ranges):
                 device.append((start, end, e.name))
             continue
         t0 = start if t0 is None else min(t0, start)

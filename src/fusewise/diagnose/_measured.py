@@ -108,8 +108,7 @@ def replay_of(obs) -> Replay | None:
         return cached
     trace = getattr(obs, "trace", None)
     plain = obs.median_ms if trace is not None else None
-    tl = getattr(obs, "timeline", None)
-    gap = device_gap_us(tl.device) if tl is not None else 0.0
+    gap = device_gap_us(trace.kernels) if trace is not None else 0.0
     obs._replay = Replay(trace, plain, getattr(obs, "marks_ms", None), gap) if plain else None
     return obs._replay
 
@@ -149,7 +148,7 @@ class Saving:
     ms: float  # predicted saving per step
     removed_ms: float  # measured time of the ops the fix removes
     launch_gap_ms: float  # launch idle before their kernels
-    fused_ms: float  # what the fused kernel needs (its bytes at FUSED_KERNEL_EFFICIENCY)
+    fused_ms: float  # what the fused kernel needs (its bytes at the pattern's efficiency)
     removed_ops: int
     removed: tuple[int, ...] = ()  # their op-graph indices
 

@@ -8,7 +8,8 @@ device is done. Removing an op removes its host span and its kernels; a fused ke
 a chain is issued where the chain began, with one op's host cost; an op whose sync is removed
 no longer waits. The saving is the step replayed as it is less the step replayed with the fix,
 so a fix saves device time only where the device was the bottleneck, and host time only where
-the device waited for the host.
+the device waited for the host; and never more than the device time it removes plus the idle
+the device had in the plain step (saving_ms says why).
 
 Calibration: the recorded step ran under a profiler that records shapes and stacks, which slows
 the host by a cost per op the plain step does not pay. That cost, k µs per aten op, is taken off
@@ -16,9 +17,9 @@ the host's time (from the time after each op, never below zero) with the k at wh
 step lasts as long as the median plain step (bisection: the replayed time falls as k grows).
 Kernel times are the device's own and are kept. The device also pays a gap before each kernel
 even when it is queued (the H200: about 1 µs between back-to-back kernels, a quarter of a
-per-parameter AdamW loop's device time); kernel_gap_us, from the profiled steps (device_gap_us),
-is that gap. Assumed: one device queue (side streams are serialized), one host timeline (the
-backward's thread runs while the main thread waits in it).
+per-parameter AdamW loop's device time); kernel_gap_us, measured on the trace's queued kernels
+(device_gap_us), is that gap. Assumed: one device queue (side streams are serialized), one
+host timeline (the backward's thread runs while the main thread waits in it).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from ..capture._trace import StepTrace
 K_MAX_US = 500.0
 _BISECTIONS = 32
 _FUSED, _SYNC, _LAUNCH, _OP = range(4)  # order of events at one instant
+# queued kernel pairs needed to measure the device's gap between kernels (device_gap_us)
+MIN_QUEUED = 16
 
 
 @dataclass
@@ -220,20 +223,19 @@ class Replay:
         )
 
 
-def device_gap_us(device, quantile: float = 0.25) -> float:
-    """The gap the device leaves between kernels it has queued: a low quantile of the idle
-    between consecutive kernels of the profiled steps (device: (start, end, name) µs). Most
-    kernels of a training step wait in the queue, so their gaps are the device's own; the gaps
-    where it waited for the host are the long ones above it. 0 with fewer than 2 kernels."""
-    gaps, cursor = [], None
-    for start, end, _ in sorted(device):
-        if cursor is not None and start >= cursor:
-            gaps.append(start - cursor)
-        cursor = end if cursor is None else max(cursor, end)
-    if not gaps:
-        return 0.0
-    gaps.sort()
-    return gaps[int(quantile * (len(gaps) - 1))]
+def device_gap_us(kernels) -> float:
+    """The gap the device leaves between kernels it has queued: the median idle before a kernel
+    issued while the one before it still ran (it waited in the queue, not for the host).
+    Kernels overlapping their predecessor (another stream) are left out. 0 with fewer than
+    MIN_QUEUED such pairs (a host-bound step, or no device start times): a host-bound step's
+    idle is the host's, never the device's own gap."""
+    ks = sorted((k for k in kernels if k.start_us is not None), key=lambda k: k.start_us)
+    gaps = []
+    for a, b in zip(ks, ks[1:]):
+        end = a.start_us + a.duration_us
+        if b.issue_us < end <= b.start_us:
+            gaps.append(b.start_us - end)
+    return statistics.median(gaps) if len(gaps) >= MIN_QUEUED else 0.0
 
 
 def _bisect(too_slow) -> float:

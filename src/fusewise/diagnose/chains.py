@@ -65,6 +65,7 @@ class _Graph:
         self.last_of_obj: dict[int, int] = {}
         for v in g.values.values():
             self.last_of_obj[v.obj] = max(v.vid, self.last_of_obj.get(v.obj, -1))
+        self.segment = _segments(g)
         self.producer: dict[int, int] = {}
         self.consumers: dict[int, set[int]] = defaultdict(set)
         for op in g.ops:
@@ -82,24 +83,39 @@ class _Graph:
         return self.g.values[v].nbytes
 
 
+def _segments(g: OpGraph) -> list[int]:
+    """Each op's segment: its run of one phase in execution order. The forward before the
+    backward and the ops after the optimizer step (labelled forward too) are two segments, as
+    are the micro-batches of gradient accumulation; a view takes the segment it is in."""
+    seg, current, phase = [0] * len(g.ops), 0, None
+    for op in g.ops:
+        if not op.is_view and op.phase != phase:
+            current += phase is not None
+            phase = op.phase
+        seg[op.index] = current
+    return seg
+
+
 def _depths(gr: _Graph, kinds: dict[int, str]) -> list[int]:
-    """Compute ops (anything not memory-bound) on the longest path to each op within its phase.
-    A value made in another phase counts from 0: chains never cross phases, and the matmuls
-    behind a gradient must not part an optimizer's update of a parameter (`p.mul_(1 - lr*wd)`,
-    nothing computed before it in the optimizer) from the update that reads the gradient."""
+    """Compute ops (anything not memory-bound) on the longest path to each op within its
+    segment. A value made in another segment counts from 0: chains never cross segments, and
+    the matmuls behind a gradient must not part an optimizer's update of a parameter
+    (`p.mul_(1 - lr*wd)`, nothing computed before it in the optimizer) from the update that
+    reads the gradient."""
     depth = [0] * len(gr.g.ops)
+    seg = gr.segment
     for op in gr.g.ops:  # execution order is a topological order
         d = 0
         for v in op.inputs:
             p = gr.producer.get(gr.resolve(v))
-            if p is not None and p != op.index and gr.g.ops[p].phase == op.phase:
+            if p is not None and p != op.index and seg[p] == seg[op.index]:
                 d = max(d, depth[p] + (kinds[p] != "membound" and not gr.g.ops[p].is_view))
         depth[op.index] = d
     return depth
 
 
 def _components(gr: _Graph, kinds: dict[int, str]) -> list[set[int]]:
-    """Union-find over memory-bound ops joined by a produced/consumed value, same phase and
+    """Union-find over memory-bound ops joined by a produced/consumed value, same segment and
     depth."""
     parent = {i: i for i, k in kinds.items() if k == "membound"}
     depth = _depths(gr, kinds)
@@ -114,7 +130,7 @@ def _components(gr: _Graph, kinds: dict[int, str]) -> list[set[int]]:
         op = gr.g.ops[i]
         for v in op.inputs:
             p = gr.producer.get(gr.resolve(v))
-            if p in parent and gr.g.ops[p].phase == op.phase and depth[p] == depth[i]:
+            if p in parent and gr.segment[p] == gr.segment[i] and depth[p] == depth[i]:
                 parent[find(p)] = find(i)
     groups: dict[int, set[int]] = defaultdict(set)
     for i in parent:
@@ -131,7 +147,7 @@ def _attach_matmuls(gr: _Graph, comp: set[int], kinds: dict[int, str]) -> set[in
         links = [(gr.producer.get(gr.resolve(v)), gr.resolve(v)) for v in op.inputs]
         links += [(c, gr.resolve(v)) for v in op.outputs for c in gr.consumers[gr.resolve(v)]]
         for j, v in links:
-            if j is None or kinds.get(j) != "matmul" or gr.g.ops[j].phase != op.phase:
+            if j is None or kinds.get(j) != "matmul" or gr.segment[j] != gr.segment[i]:
                 continue
             others = sum(
                 gr.nbytes(gr.resolve(u))

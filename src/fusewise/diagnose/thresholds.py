@@ -23,7 +23,8 @@ CHAIN_MIN_SHARE_OF_MATMUL = 0.25
 
 # Predicted savings from measured times (diagnose/_measured.py). A fused kernel that replaces
 # memory-bound ops moves its bytes at this share of the copy ceiling: on the H200 the best fused
-# norms reach 63-95% forward and 37-53% forward+backward, fused AdamW 81-93% (PERF.md).
+# norms reach 63-95% forward and 37-53% forward+backward, fused AdamW 79-99% (PERF.md,
+# benchmarks/results/h200_adamw.csv).
 FUSED_KERNEL_EFFICIENCY = 0.6
 # ... where the fix is a known kernel, its measured share (benchmarks/results/h200_adamw.csv:
 # torch's fused AdamW 79%, fusewise's 93-99%: the lower of the two fixes a finding names)
