@@ -12,7 +12,7 @@ export PYTHONPATH=$PWD/src:$PWD/benchmarks:/tmp/site PYTHONUNBUFFERED=1
 for what in "$@"; do
   case $what in
     tests)
-      timeout ${TESTS_S:-300} python -m pytest -q -p no:cacheprovider ${TESTS} 2>&1 \
+      timeout ${TESTS_S:-300} python -m pytest -q -p no:cacheprovider ${XDIST:-} ${TESTS} 2>&1 \
         | grep -v USDT > "$OUT/gpu_tests.txt"
       grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -20; tail -1 "$OUT/gpu_tests.txt" ;;
     rotary)
