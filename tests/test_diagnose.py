@@ -561,3 +561,15 @@ def test_memory_scaling_says_why_when_a_size_allocated_nothing():
     r = driver.analyze(obs, H200)
     said = {s.analysis: s.reason for s in r.skipped}
     assert "allocated nothing" in said["memory-scaling"] and r.step.memory_scaling is None
+
+
+def test_memory_scaling_of_a_cpu_step_on_a_gpu_machine_fits_the_graphs_alone():
+    """A CPU step measures no device peak (0 at both sizes, as on the H200): the fit comes from
+    the op graphs, with no measured exponent (it once divided by zero there)."""
+    from fusewise.diagnose import scaling
+
+    a, b = golden("naive"), golden("naive")
+    fit = scaling.fit(a, 64.0, b, 128.0, name="seq", measured=(0, 0))
+    assert fit is not None and "measured_exponent" not in fit
+    fit = scaling.fit(a, 64.0, b, 128.0, name="seq", measured=(1e6, 2e6))
+    assert fit["measured_exponent"] == 1.0

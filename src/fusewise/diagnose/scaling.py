@@ -108,7 +108,8 @@ def _fit(graph_a, size_a, graph_b, size_b, name, measured) -> tuple[dict | None,
         live_peak_bytes=[peak_a, peak_b],
         exponent=round(exponent(peak_a, size_a, peak_b, size_b), 3),
     )
-    if measured:
+    # a CPU step on a machine with a GPU measures no device peak (0): nothing to fit
+    if measured and min(measured) > 0:
         evidence["measured_peak_bytes"] = list(measured)
         evidence["measured_exponent"] = round(exponent(measured[0], size_a, measured[1], size_b), 3)
     return evidence, largest
