@@ -1,8 +1,8 @@
 #!/bin/bash
-# One GPU call of a session: GPU tests, the rotary variants against Liger, the predicted-vs-
-# measured pairs. Tables to stdout; CSV, logs and the pairs' observations under $OUT.
+# One GPU call of a session: GPU tests and the predicted-vs-measured pairs. Tables to stdout;
+# CSV, logs and the pairs' observations under $OUT.
 # Usage (in the device command): FUSEWISE_COMMIT=<sha> TESTS="tests/a.py ..." \
-#   bash benchmarks/gpu_session.sh [tests] [rotary] [pairs]     (.whl carried: Liger for rotary)
+#   bash benchmarks/gpu_session.sh [tests] [pairs]   (.whl carried: Liger and CCE for tests)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -15,10 +15,6 @@ for what in "$@"; do
       timeout ${TESTS_S:-300} python -m pytest -q -p no:cacheprovider ${XDIST:-} ${TESTS} 2>&1 \
         | grep -v USDT > "$OUT/gpu_tests.txt"
       grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -20; tail -1 "$OUT/gpu_tests.txt" ;;
-    rotary)
-      timeout ${ROTARY_S:-150} python benchmarks/sweep_rotary_variants.py \
-        --variants ${VARIANTS:-row,row-native,whole,whole-w8,whole-rows2-w8,row-inplace} \
-        --csv "$OUT/rotary_variants.csv" 2>&1 | grep -v USDT | tail -14 ;;
     pairs)
       (cd benchmarks && timeout ${PAIRS_S:-300} python predict_pairs.py --configs demo \
         --rounds ${ROUNDS:-8} --dump-obs "$OUT/pairs_obs.pkl.gz" 2>&1 | grep -v USDT | tail -13)

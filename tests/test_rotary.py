@@ -187,34 +187,6 @@ def test_half_precision(case, dtype, device):
     _check(case, dtype, device)
 
 
-@pytest.mark.parametrize("variant", [v for v in rotary_launch.VARIANTS if v != "row"])
-def test_every_variant_matches_float64(variant, device, monkeypatch):
-    """The variants the sweep compares (several rows a program, whole rows, native rounding): the
-    same values as the default, over the cases whose heads, rows and pairs overhang the tiles,
-    partial and interleaved rotary, strided and expanded layouts, and one gradient at a time."""
-    monkeypatch.setattr(rotary_launch, "VARIANT", variant)
-    for case in (CASES[0], CASES[1], CASES[5], CASES[6], CASES[8], CASES[9]):
-        _check(case, torch.float32, device)
-    _check(CASES[2], torch.bfloat16, device)
-    for need in ((True, False), (False, True)):
-        _check(CASES[3], torch.float32, device, need=need)
-
-
-@pytest.mark.parametrize("variant", ["row", "whole", "whole-rows2-w8"])
-def test_in_place_writes_the_same_values_over_the_inputs(variant, device, monkeypatch):
-    """launch.rotary(in_place=True), the sweep's diagnostic of Liger's in-place writes: the
-    values of the out-of-place call, written over q and k (HF's transposed q, a contiguous k)."""
-    monkeypatch.setattr(rotary_launch, "VARIANT", variant)
-    q = torch.randn(2, 3, 4, 16, device=device).transpose(1, 2)
-    k = torch.randn(2, 2, 3, 16, device=device)
-    cos, sin = torch.rand(2, 2, 3, 16, device=device).unbind(0)  # [B, S, Dr] each
-    want = rotary_launch.rotary(q, k, cos, sin, False)
-    got = rotary_launch.rotary(q, k, cos, sin, False, in_place=True)
-    assert got[0] is q and got[1] is k
-    torch.testing.assert_close(q, want[0], rtol=0, atol=0)
-    torch.testing.assert_close(k, want[1], rtol=0, atol=0)
-
-
 @pytest.mark.parametrize("need", [(True, False), (False, True), (False, False)])
 def test_only_the_gradients_asked_for(need, device):
     _check(CASES[0], torch.float32, device, need=need)

@@ -23,16 +23,6 @@ from .._launch import round_to as _round
 
 
 @triton.jit
-def _rounded(y, DTYPE: tl.constexpr, NATIVE_ROUND: tl.constexpr):
-    """fp32 y rounded to nearest even into DTYPE: the GPU's cast does that in one instruction;
-    Triton's interpreter truncates, so there round_to's integer rounding stands in (the same
-    values either way)."""
-    if NATIVE_ROUND:
-        return y.to(DTYPE)
-    return _round(y, DTYPE)
-
-
-@triton.jit
 def _rotate_heads(
     X,
     OUT,
@@ -50,7 +40,6 @@ def _rotate_heads(
     BLOCK_H: tl.constexpr,
     MASKED: tl.constexpr,
     HAS_TAIL: tl.constexpr,
-    NATIVE_ROUND: tl.constexpr,
 ):
     """Rotates the N_HEADS heads of one (b, s) row; X, OUT point at the row's head 0, feature 0
     (both: heads stride_h apart, features adjacent). The head loop is unrolled (N_HEADS is a
@@ -67,8 +56,8 @@ def _rotate_heads(
         else:
             xa = tl.load(x_row + fa[None, :]).to(tl.float32)
             xb = tl.load(x_row + fb[None, :]).to(tl.float32)
-        ya = _rounded(xa * ca[None, :] - xb * sa[None, :], OUT.dtype.element_ty, NATIVE_ROUND)
-        yb = _rounded(xb * cb[None, :] + xa * sb[None, :], OUT.dtype.element_ty, NATIVE_ROUND)
+        ya = _round(xa * ca[None, :] - xb * sa[None, :], OUT.dtype.element_ty)
+        yb = _round(xb * cb[None, :] + xa * sb[None, :], OUT.dtype.element_ty)
         if MASKED:
             tl.store(o_row + fa[None, :], ya, mask=mask)
             tl.store(o_row + fb[None, :], yb, mask=mask)
@@ -113,7 +102,6 @@ def rotary_kernel(
     MASK_Q: tl.constexpr,
     MASK_K: tl.constexpr,
     HAS_TAIL: tl.constexpr,
-    NATIVE_ROUND: tl.constexpr,
 ):
     """(q, k) -> (R q, R k), or with BACKWARD (dq_out, dk_out) -> (Rᵀ dq_out, Rᵀ dk_out): reads
     q, k and one cos and sin row per program once, writes both outputs once. N_Q or N_K 0: that
@@ -161,7 +149,6 @@ def rotary_kernel(
         BLOCK_HQ,
         MASK_Q,
         HAS_TAIL,
-        NATIVE_ROUND,
     )
     _rotate_heads(
         K + b * stride_kb + s * stride_ks,
@@ -180,197 +167,4 @@ def rotary_kernel(
         BLOCK_HK,
         MASK_K,
         HAS_TAIL,
-        NATIVE_ROUND,
     )
-
-
-# --- the tiled variants (launch.VARIANTS): several rows a program, loads ahead of stores --------
-
-
-@triton.jit
-def _store_rounded(ptr, y, mask, MASKED: tl.constexpr, NATIVE_ROUND: tl.constexpr):
-    y = _rounded(y, ptr.dtype.element_ty, NATIVE_ROUND)
-    if MASKED:
-        tl.store(ptr, y, mask=mask)
-    else:
-        tl.store(ptr, y)
-
-
-@triton.jit
-def _load_block(
-    X,
-    row_off,
-    h0,
-    stride_h,
-    fa,
-    fb,
-    row_ok,
-    pair_ok,
-    N_HEADS,
-    BLOCK_H: tl.constexpr,
-    MASKED: tl.constexpr,
-):
-    """The [ROWS, BLOCK_H, BLOCK_HALF] halves (xa, xb) of heads h0.. of the program's rows, fp32;
-    returns them with their pointers and mask, for _rotate_block's stores."""
-    heads = h0 + tl.arange(0, BLOCK_H)
-    ptr = X + row_off[:, None, None] + heads.to(tl.int64)[None, :, None] * stride_h
-    mask = row_ok[:, None, None] & (heads < N_HEADS)[None, :, None] & pair_ok[None, None, :]
-    if MASKED:
-        xa = tl.load(ptr + fa[None, None, :], mask=mask, other=0.0).to(tl.float32)
-        xb = tl.load(ptr + fb[None, None, :], mask=mask, other=0.0).to(tl.float32)
-    else:
-        xa = tl.load(ptr + fa[None, None, :]).to(tl.float32)
-        xb = tl.load(ptr + fb[None, None, :]).to(tl.float32)
-    return xa, xb, heads, mask
-
-
-@triton.jit
-def _store_block(
-    OUT,
-    row_off,
-    heads,
-    stride_h,
-    fa,
-    fb,
-    mask,
-    xa,
-    xb,
-    ca,
-    cb,
-    sa,
-    sb,
-    MASKED: tl.constexpr,
-    NATIVE_ROUND: tl.constexpr,
-):
-    ptr = OUT + row_off[:, None, None] + heads.to(tl.int64)[None, :, None] * stride_h
-    _store_rounded(ptr + fa[None, None, :], xa * ca - xb * sa, mask, MASKED, NATIVE_ROUND)
-    _store_rounded(ptr + fb[None, None, :], xb * cb + xa * sb, mask, MASKED, NATIVE_ROUND)
-
-
-@triton.jit
-def _copy_tail(X, OUT, row_off, h0, stride_h, ft, row_ok, tail_ok, N_HEADS, BLOCK_H: tl.constexpr):
-    """Features Dr..D-1 of heads h0.. copied bit for bit (same dtype in and out)."""
-    heads = h0 + tl.arange(0, BLOCK_H)
-    off = row_off[:, None, None] + heads.to(tl.int64)[None, :, None] * stride_h + ft[None, None, :]
-    mask = row_ok[:, None, None] & (heads < N_HEADS)[None, :, None] & tail_ok[None, None, :]
-    tl.store(OUT + off, tl.load(X + off, mask=mask), mask=mask)
-
-
-@triton.jit
-def rotary_tiles_kernel(
-    Q,
-    K,
-    COS,
-    SIN,
-    QO,
-    KO,
-    N_ROWS,
-    S,
-    stride_qb,
-    stride_qh,
-    stride_qs,
-    stride_kb,
-    stride_kh,
-    stride_ks,
-    stride_cb,
-    stride_cs,
-    stride_sb,
-    stride_ss,
-    N_Q: tl.constexpr,
-    N_K: tl.constexpr,
-    HALF: tl.constexpr,
-    N_TAIL: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
-    BACKWARD: tl.constexpr,
-    ROWS: tl.constexpr,
-    BLOCK_HQ: tl.constexpr,
-    BLOCK_HK: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    BLOCK_TAIL: tl.constexpr,
-    MASK_Q: tl.constexpr,
-    MASK_K: tl.constexpr,
-    HAS_TAIL: tl.constexpr,
-    NATIVE_ROUND: tl.constexpr,
-):
-    """rotary_kernel's rotation on [ROWS, BLOCK_H, BLOCK_HALF] tiles: program r takes rows
-    r·ROWS.. of [B·S], all heads of q and k (BLOCK_HQ >= N_Q, BLOCK_HK >= N_K), every load of q
-    and k issued before the first store, so a program keeps its whole rows in flight (stores may
-    alias loads to the compiler, which then cannot move a later load above them)."""
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < N_ROWS
-    b = rows // S
-    s = rows - b * S
-    i = tl.arange(0, BLOCK_HALF)
-    pair_ok = i < HALF
-    i = i.to(tl.int64)
-    if INTERLEAVED:
-        fa = 2 * i
-        fb = fa + 1
-    else:
-        fa = i
-        fb = i + HALF
-    cs_mask = row_ok[:, None] & pair_ok[None, :]
-    cos_row = (COS + b * stride_cb + s * stride_cs)[:, None]
-    sin_row = (SIN + b * stride_sb + s * stride_ss)[:, None]
-    ca = tl.load(cos_row + fa[None, :], mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]
-    cb = tl.load(cos_row + fb[None, :], mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]
-    sa = tl.load(sin_row + fa[None, :], mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]
-    sb = tl.load(sin_row + fb[None, :], mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]
-    if BACKWARD:  # Rᵀ: sin[a] -> -sin[b], sin[b] -> -sin[a]
-        sin_a = sa
-        sa = -sb
-        sb = -sin_a
-    q_off = b * stride_qb + s * stride_qs
-    k_off = b * stride_kb + s * stride_ks
-    # a tensor not needed has 0 heads: never loaded nor stored (constexpr branches)
-    if N_Q > 0:
-        qa, qb, q_heads, q_mask = _load_block(
-            Q, q_off, 0, stride_qh, fa, fb, row_ok, pair_ok, N_Q, BLOCK_HQ, MASK_Q
-        )
-    if N_K > 0:
-        ka, kb, k_heads, k_mask = _load_block(
-            K, k_off, 0, stride_kh, fa, fb, row_ok, pair_ok, N_K, BLOCK_HK, MASK_K
-        )
-    if N_Q > 0:
-        _store_block(
-            QO,
-            q_off,
-            q_heads,
-            stride_qh,
-            fa,
-            fb,
-            q_mask,
-            qa,
-            qb,
-            ca,
-            cb,
-            sa,
-            sb,
-            MASK_Q,
-            NATIVE_ROUND,
-        )
-    if N_K > 0:
-        _store_block(
-            KO,
-            k_off,
-            k_heads,
-            stride_kh,
-            fa,
-            fb,
-            k_mask,
-            ka,
-            kb,
-            ca,
-            cb,
-            sa,
-            sb,
-            MASK_K,
-            NATIVE_ROUND,
-        )
-    if HAS_TAIL:
-        ft = 2 * HALF + tl.arange(0, BLOCK_TAIL).to(tl.int64)
-        tail_ok = tl.arange(0, BLOCK_TAIL) < N_TAIL
-        if N_Q > 0:
-            _copy_tail(Q, QO, q_off, 0, stride_qh, ft, row_ok, tail_ok, N_Q, BLOCK_HQ)
-        if N_K > 0:
-            _copy_tail(K, KO, k_off, 0, stride_kh, ft, row_ok, tail_ok, N_K, BLOCK_HK)

@@ -16,9 +16,6 @@ takes 21 arguments.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-
 import torch
 
 from .._launch import next_power_of_2
@@ -30,41 +27,6 @@ from . import kernels as K
 # forward, 84% forward+backward; 2048: 79/82; 4096 and 8192: 71/74).
 TILE_ELEMENTS = 1024
 NUM_WARPS = 4
-
-
-@dataclass(frozen=True)
-class Variant:
-    """How a pass is cut into programs (benchmarks/sweep_rotary_variants.py compares them; every
-    variant computes the same values, fp32 math and one rounding to nearest even).
-
-    kernel "row": kernels.rotary_kernel, one program per (b, s) row walking its heads in tiles of
-    TILE_ELEMENTS elements, a tile's stores before the next tile's loads. kernel "tiles":
-    kernels.rotary_tiles_kernel, `rows` rows a program with all heads of q and k, every load before
-    the first store (Liger's order). (Programs of one head block each, q's then k's, were tried
-    and dropped: their if/else over q and k did not compile on the GPU.) native_round: the GPU's
-    round-to-nearest-even cast instead of round_to's integer rounding (the same values, fewer
-    instructions; the interpreter, on the CPU, always takes round_to)."""
-
-    kernel: str = "row"
-    rows: int = 1
-    num_warps: int | None = None  # None: NUM_WARPS
-    native_round: bool = False
-    tile_elements: int | None = None  # kernel "row": None: TILE_ELEMENTS
-
-
-VARIANTS = {
-    "row": Variant(),
-    "row-native": Variant(native_round=True),
-    "row-native-t2048": Variant(native_round=True, tile_elements=2048),
-    "whole": Variant("tiles", native_round=True),
-    "whole-w8": Variant("tiles", num_warps=8, native_round=True),
-    "whole-rows2-w8": Variant("tiles", rows=2, num_warps=8, native_round=True),
-}
-# The variant every call takes (a module attribute, read at each call: the sweep sets it);
-# FUSEWISE_ROTARY_VARIANT names another at import.
-VARIANT = os.environ.get("FUSEWISE_ROTARY_VARIANT", "row")
-if VARIANT not in VARIANTS:
-    raise ValueError(f"FUSEWISE_ROTARY_VARIANT={VARIANT!r} is not one of {', '.join(VARIANTS)}")
 
 
 def alloc(like: torch.Tensor) -> torch.Tensor:
@@ -102,95 +64,60 @@ def rotary(
     backward: bool = False,
     need_q: bool = True,
     need_k: bool = True,
-    in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(R q, R k), or with `backward` (Rᵀ q, Rᵀ k) for q, k the output gradients. A result not
-    needed comes back empty (0 elements) and is not computed. in_place (q and k with adjacent
-    features; each element is loaded before the same program stores it): the results written
-    over q and k, as Liger does; only benchmarks/sweep_rotary_variants.py asks for it, to tell
-    how much of Liger's lead its in-place writes make (the byte count is the same)."""
+    needed comes back empty (0 elements) and is not computed."""
     batch, n_q, seq, dim = q.shape
     n_k = k.shape[1]
     half = cos.shape[-1] // 2
-    if in_place:
-        if not (need_q and need_k) or q.stride(-1) != 1 or k.stride(-1) != 1:
-            raise ValueError("in_place rotates both q and k, each with adjacent features")
-        q_out, k_out = q, k
-    else:
-        q, q_out = in_and_out(q, need_q)
-        k, k_out = in_and_out(k, need_k)
+    q, q_out = in_and_out(q, need_q)
+    k, k_out = in_and_out(k, need_k)
     n_q, n_k = (n_q if need_q else 0), (n_k if need_k else 0)
     if batch * seq == 0 or n_q + n_k == 0 or dim == 0:
         return q_out, k_out
     cos, sin = _adjacent_features(cos), _adjacent_features(sin)
     n_tail = dim - 2 * half
     block_half = next_power_of_2(half)
+    tile_heads = max(1, TILE_ELEMENTS // (2 * block_half))
     # a tensor not needed is never touched (its head count is 0): the other stands in for it
     q_in, q_o = (q, q_out) if need_q else (k, k_out)
     k_in, k_o = (k, k_out) if need_k else (q_in, q_o)
-    variant = VARIANTS[VARIANT]
-    args = (
+    block_hq = min(tile_heads, next_power_of_2(max(n_q, 1)))
+    block_hk = min(tile_heads, next_power_of_2(max(n_k, 1)))
+    q_b, q_h, q_s, _ = q_in.stride()
+    k_b, k_h, k_s, _ = k_in.stride()
+    K.rotary_kernel[(batch * seq,)](
         q_in,
         k_in,
         cos,
         sin,
         q_o,
         k_o,
-        *q_in.stride()[:3],
-        *k_in.stride()[:3],
+        seq,
+        q_b,
+        q_h,
+        q_s,
+        k_b,
+        k_h,
+        k_s,
         cos.stride(0) if cos.shape[0] > 1 else 0,
         cos.stride(1),
         sin.stride(0) if sin.shape[0] > 1 else 0,
         sin.stride(1),
-    )
-    shapes = dict(
         N_Q=n_q,
         N_K=n_k,
         HALF=half,
         N_TAIL=n_tail,
         INTERLEAVED=interleaved,
         BACKWARD=backward,
-        BLOCK_HALF=block_half,
-        BLOCK_TAIL=next_power_of_2(max(n_tail, 1)),
-        HAS_TAIL=n_tail > 0,
-        NATIVE_ROUND=variant.native_round and q_in.device.type == "cuda",
-        num_warps=variant.num_warps or NUM_WARPS,
-    )
-    if variant.kernel == "tiles":
-        _launch_tiles(variant, batch * seq, seq, args, shapes)
-        return q_out, k_out
-    tile_heads = max(1, (variant.tile_elements or TILE_ELEMENTS) // (2 * block_half))
-    block_hq = min(tile_heads, next_power_of_2(max(n_q, 1)))
-    block_hk = min(tile_heads, next_power_of_2(max(n_k, 1)))
-    K.rotary_kernel[(batch * seq,)](
-        *args[:6],
-        seq,
-        *args[6:],
         BLOCK_HQ=block_hq,
         BLOCK_HK=block_hk,
+        BLOCK_HALF=block_half,
+        BLOCK_TAIL=next_power_of_2(max(n_tail, 1)),
         # masks only where the tiles overhang the heads or the pairs
         MASK_Q=n_q % block_hq != 0 or block_half != half,
         MASK_K=n_k % block_hk != 0 or block_half != half,
-        **shapes,
+        HAS_TAIL=n_tail > 0,
+        num_warps=NUM_WARPS,
     )
     return q_out, k_out
-
-
-def _launch_tiles(variant: Variant, n_rows: int, seq: int, args: tuple, shapes: dict) -> None:
-    """kernels.rotary_tiles_kernel over [n_rows / rows] programs, all heads in each."""
-    n_q, n_k, rows = shapes["N_Q"], shapes["N_K"], variant.rows
-    block_hq, block_hk = next_power_of_2(max(n_q, 1)), next_power_of_2(max(n_k, 1))
-    grid = (-(-n_rows // rows),)
-    pairs_overhang = shapes["BLOCK_HALF"] != shapes["HALF"] or n_rows % rows != 0
-    K.rotary_tiles_kernel[grid](
-        *args[:6],
-        n_rows,
-        seq,
-        *args[6:],
-        ROWS=rows,
-        BLOCK_HQ=block_hq,
-        BLOCK_HK=block_hk,
-        MASK_Q=n_q % block_hq != 0 or pairs_overhang,
-        MASK_K=n_k % block_hk != 0 or pairs_overhang,
-        **shapes,
-    )
