@@ -14,10 +14,7 @@ the device had in the plain step (saving_ms says why).
 Calibration: the recorded step ran under a profiler that records shapes and stacks, which slows
 the host by a cost per op the plain step does not pay. That cost, k µs per aten op, is taken off
 the host's time (from the time after each op, never below zero) with the k at which the replayed
-host reaches each backward/optimizer mark and the step's end when the plain steps' host did
-(one k per phase; a phase's outlier replaced by the phases' median: _plausible), or, where the
-marks do not match, at which the replayed step lasts as long as the median plain step
-(bisection: the replayed time falls as k grows).
+step lasts as long as the median plain step (bisection: the replayed time falls as k grows).
 Kernel times are the device's own and are kept. The device also pays a gap before each kernel
 even when it is queued (the H200: about 1 µs between back-to-back kernels, a quarter of a
 per-parameter AdamW loop's device time); kernel_gap_us, measured on the trace's queued kernels
@@ -38,9 +35,6 @@ from ..capture._trace import StepTrace
 K_MAX_US = 500.0
 _BISECTIONS = 32
 _FUSED, _SYNC, _LAUNCH, _OP = range(4)  # order of events at one instant
-# a phase's fitted profiler cost over this many times the phases' median is not believed (the
-# H200's demo steps: forward and backward within 4x of each other; a sync step's last phase 18x)
-K_OUTLIER = 10.0
 # queued kernel pairs needed to measure the device's gap between kernels (device_gap_us)
 MIN_QUEUED = 16
 
@@ -103,7 +97,7 @@ class Replay:
         targets = _plain_targets(plain_marks, [m for m, _ in trace.marks] + ["end"])
         if targets is not None:
             self.bounds = [t for _, t in trace.marks] + [trace.step_end_us]
-            self.ks = _plausible(self._calibrate_phases(targets))
+            self.ks = self._calibrate_phases(targets)
             self.calibrated_on = "the plain steps' host time at each backward/optimizer mark"
         else:
             self.ks = [self._calibrate_total()]
@@ -242,16 +236,6 @@ def device_gap_us(kernels) -> float:
         if b.issue_us < end <= b.start_us:
             gaps.append(b.start_us - end)
     return statistics.median(gaps) if len(gaps) >= MIN_QUEUED else 0.0
-
-
-def _plausible(ks: list[float]) -> list[float]:
-    """The phases' profiler costs per op, a fit over K_OUTLIER times their median replaced by the
-    median. The cost is the profiler's and the host's, of one order in every phase (2-15 µs on
-    the H200's demo step); a fit far above it absorbs the replay's error elsewhere: the device
-    replayed ~2 ms late made the last phase take 153 µs per op, which erased the host's 1.5 ms
-    of work after a sync and predicted nothing for removing it (measured: 1.6 ms)."""
-    median = statistics.median(ks)
-    return [k if k <= K_OUTLIER * median else median for k in ks]
 
 
 def _bisect(too_slow) -> float:
