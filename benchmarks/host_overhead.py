@@ -1,7 +1,15 @@
-"""Host time per eager call (small tensors, so the GPU is never the limit): fusewise against
-torch and, when installed, Liger. This is the overhead an eager step pays per norm; at 2**27 bf16
-elements it is comparable to the kernels' own time (benchmarks/results/README.md). GPU only."""
+"""Host time per eager call at a launch-bound size (8 x 4,096 bf16, so the GPU is never the
+limit): fusewise against torch and, when installed, Liger; forward alone and forward+backward.
+This is the overhead an eager step pays per norm (issue #14: within 1.5x of torch's native op).
+GPU only.
 
+python benchmarks/host_overhead.py [--profile]   (--profile: where fusewise's time goes, the
+    top functions of cProfile over its layer_norm forward+backward calls)
+"""
+
+import argparse
+import cProfile
+import pstats
 import time
 
 import torch
@@ -9,9 +17,11 @@ import torch.nn.functional as F
 
 import fusewise
 
+M, N = 8, 4096
 
-def host_us(fn, n=300):
-    for _ in range(20):
+
+def host_us(fn, n=500):
+    for _ in range(30):
         fn()
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -21,29 +31,78 @@ def host_us(fn, n=300):
     return (time.perf_counter() - t) / n * 1e6
 
 
-def main():
-    x = torch.randn(8, 256, device="cuda", requires_grad=True)
-    w = torch.randn(256, device="cuda", requires_grad=True)
-    dy = torch.randn(8, 256, device="cuda")
-    cases = {
-        "fusewise rms_norm fwd": lambda: fusewise.ops.rms_norm(x.detach(), w.detach()),
-        "fusewise rms_norm fwd+bwd": lambda: torch.autograd.grad(
-            fusewise.ops.rms_norm(x, w), [x, w], dy
-        ),
-        "torch F.rms_norm fwd+bwd": lambda: torch.autograd.grad(
-            F.rms_norm(x, (256,), w), [x, w], dy
-        ),
+def cases():
+    kw = dict(device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(M, N, **kw, requires_grad=True)
+    w = torch.randn(N, **kw, requires_grad=True)
+    b = torch.randn(N, **kw, requires_grad=True)
+    dy = torch.randn(M, N, **kw)
+    xd, wd, bd = x.detach(), w.detach(), b.detach()
+
+    def fwd_bwd(f, *params):
+        return lambda: torch.autograd.grad(f(), params, dy)
+
+    fw = fusewise.ops
+    out = {
+        "layer_norm fwd": {
+            "fusewise": lambda: fw.layer_norm(xd, wd, bd),
+            "torch": lambda: F.layer_norm(xd, (N,), wd, bd),
+        },
+        "layer_norm fwd+bwd": {
+            "fusewise": fwd_bwd(lambda: fw.layer_norm(x, w, b), x, w, b),
+            "torch": fwd_bwd(lambda: F.layer_norm(x, (N,), w, b), x, w, b),
+        },
+        "rms_norm fwd": {
+            "fusewise": lambda: fw.rms_norm(xd, wd),
+            "torch": lambda: F.rms_norm(xd, (N,), wd),
+        },
+        "rms_norm fwd+bwd": {
+            "fusewise": fwd_bwd(lambda: fw.rms_norm(x, w), x, w),
+            "torch": fwd_bwd(lambda: F.rms_norm(x, (N,), w), x, w),
+        },
     }
     try:
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
-        cases["liger rms_norm fwd+bwd"] = lambda: torch.autograd.grad(
-            LigerRMSNormFunction.apply(x, w, 1e-6), [x, w], dy
+        out["layer_norm fwd"]["liger"] = lambda: LigerLayerNormFunction.apply(xd, wd, bd, 1e-5)
+        out["layer_norm fwd+bwd"]["liger"] = fwd_bwd(
+            lambda: LigerLayerNormFunction.apply(x, w, b, 1e-5), x, w, b
+        )
+        out["rms_norm fwd"]["liger"] = lambda: LigerRMSNormFunction.apply(xd, wd, 1e-6)
+        out["rms_norm fwd+bwd"]["liger"] = fwd_bwd(
+            lambda: LigerRMSNormFunction.apply(x, w, 1e-6), x, w
         )
     except ImportError:
         print("# liger: not installed, skipped")
-    for name, fn in cases.items():
-        print(f"{name:28s} {host_us(fn):6.0f} us/call")
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--profile", action="store_true")
+    a = ap.parse_args()
+    table = cases()
+    print(f"host us per eager call, {M} x {N} bf16, {torch.cuda.get_device_name()}")
+    for case, fns in table.items():
+        us = {name: host_us(fn) for name, fn in fns.items()}
+        ratio = us["fusewise"] / us["torch"]
+        print(
+            f"{case:20s} "
+            + "  ".join(f"{name} {v:6.1f}" for name, v in us.items())
+            + f"   fusewise/torch {ratio:.2f}"
+        )
+    if a.profile:
+        fn = table["layer_norm fwd+bwd"]["fusewise"]
+        host_us(fn, n=50)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(500):
+            fn()
+        prof.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
 
 
 if __name__ == "__main__":

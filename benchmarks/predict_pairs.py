@@ -28,11 +28,14 @@ gzipped into FILE, so an estimator can be tried again on the CPU (diagnose.drive
 from __future__ import annotations
 
 import argparse
+import copy
 import gzip
 import importlib
 import json
 import os
 import pickle
+import statistics
+import time
 import warnings
 
 import torch
@@ -40,6 +43,7 @@ import torch.nn as nn
 from _rows import commit
 
 import fusewise
+from fusewise.capture import profiler
 from fusewise.examples.gpt import GPT, GPTConfig
 from fusewise.verify import compare, interleave_steps
 
@@ -199,13 +203,17 @@ def run_pair(name: str, config: GPTConfig, *, device: str, dtype, rounds: int, o
         warnings.simplefilter("ignore")  # fusewise's CPU-path notices
         with _KeepObservation() as keep:
             report = fusewise.diagnose(naive[0], steps=5, warmup=2, restore=list(naive[1:]))
+        marks: list = []  # the naive step's host marks in the measurement, as the diagnosis'
         samples = interleave_steps(
-            {"naive": naive[0], "fixed": fixed[0]},
-            warmup=3,
+            {"naive": _marked(naive[0], marks), "fixed": fixed[0]},
+            warmup=WARMUP,
             per_round=3,
             rounds=rounds,
             device=device,
         )
+        marks = marks[WARMUP:]
+        obs, ceil = keep.last
+        at_measure = predicted_at(obs, ceil, marks, samples["naive"].ms, name)
     c = compare(samples["naive"], samples["fixed"])
     counted = [f for f in report.findings if _key(f) in ADDRESSES[name]]
     predicted, parts = predicted_of(report, name)
@@ -222,6 +230,10 @@ def run_pair(name: str, config: GPTConfig, *, device: str, dtype, rounds: int, o
         naive_ms=samples["naive"].median_ms,
         fixed_ms=samples["fixed"].median_ms,
         ratio=predicted / c.saving_ms if c.saving_ms else float("nan"),
+        predicted_at_measure_ms=at_measure,
+        ratio_at_measure=at_measure / c.saving_ms if c.saving_ms else float("nan"),
+        host_fwd_diag_ms=_first_mark_ms(obs.marks_ms),
+        host_fwd_measure_ms=_first_mark_ms(marks),
         findings="; ".join(
             f"{f.kind}/{f.pattern or '-'} {f.est_saving_ms:.2f}@{f.where}" for f in counted
         ),
@@ -232,8 +244,52 @@ def run_pair(name: str, config: GPTConfig, *, device: str, dtype, rounds: int, o
         ),
     )
     if kept is not None:
-        kept[f"{_cname(config)}/{name}"] = dict(obs=keep.last[0], ceil=keep.last[1], row=row)
+        kept[f"{_cname(config)}/{name}"] = dict(
+            obs=obs, ceil=ceil, row=row, measure=dict(marks_ms=marks, times_ms=samples["naive"].ms)
+        )
     return row
+
+
+WARMUP = 3  # interleave_steps' warm-up steps per variant
+
+
+def _marked(step, into: list):
+    """`step`, noting each call's host marks (loss.backward(), optimizer.step(), its end) as
+    the diagnosis' timed steps note theirs (capture/schedule.py): [(label, ms from the call)]."""
+
+    def run():
+        handle = profiler.mark_optimizer_steps()[0]
+        profiler.note_host_marks(True)
+        t0 = time.perf_counter()
+        try:
+            value = step()
+        finally:
+            ended = time.perf_counter()
+            taken = profiler.note_host_marks(False)
+            handle.remove()
+        into.append([(lb, (t - t0) * 1e3) for lb, t in taken] + [("end", (ended - t0) * 1e3)])
+        return value
+
+    return run
+
+
+def predicted_at(obs, ceil, marks_ms, times_ms, name: str) -> float:
+    """The prediction for pair `name` with the replay calibrated on the plain naive steps of the
+    measurement (their host marks and times) instead of the diagnosis' own: the estimator at
+    the host speed the measured saving saw (a shared host's speed drifts between the two)."""
+    driver = importlib.import_module("fusewise.diagnose.driver")
+    at = copy.copy(obs)
+    at.__dict__.pop("_replay", None)
+    at.marks_ms, at.times_ms = marks_ms, list(times_ms)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return predicted_of(driver.analyze(at, ceil), name)[0]
+
+
+def _first_mark_ms(marks_ms) -> float:
+    """The median host time to the first mark (loss.backward(): the forward's host work)."""
+    firsts = [step[0][1] for step in marks_ms if len(step) > 1]
+    return statistics.median(firsts) if firsts else float("nan")
 
 
 def predicted_of(report, name: str) -> tuple[float, float]:
@@ -251,7 +307,10 @@ def from_obs(path: str) -> None:
         dump = pickle.load(fh)
     driver = importlib.import_module("fusewise.diagnose.driver")
     print(f"{path}: {dump['meta']}")
-    print(f"{'pair':18}{'was':>8}{'now':>8}{'parts':>8}{'measured':>10}{'ratio':>7}")
+    print(
+        f"{'pair':18}{'was':>8}{'now':>8}{'parts':>8}{'measured':>10}{'ratio':>7}{'':5}"
+        f"{'at meas.':>8}{'ratio':>7}"
+    )
     for key, d in dump["pairs"].items():
         name = key.split("/")[-1]  # config/pair (a dump of 3ec7e4f: the pair alone)
         d["obs"].__dict__.pop("_replay", None)  # the dumping run's estimator, cached
@@ -260,9 +319,12 @@ def from_obs(path: str) -> None:
             now, parts = predicted_of(driver.analyze(d["obs"], d["ceil"]), name)
         m = d["row"]["measured_ms"]
         ratio = now / m if m else float("nan")
+        at = float("nan")
+        if "measure" in d:  # dumps from 2026-12-03 on
+            at = predicted_at(d["obs"], d["ceil"], **d["measure"], name=name)
         print(
             f"{key:18}{d['row']['predicted_ms']:8.2f}{now:8.2f}{parts:8.2f}{m:10.2f}"
-            f"{ratio:7.2f} {_verdict(ratio)}"
+            f"{ratio:7.2f} {_verdict(ratio):4}{at:8.2f}{at / m if m else float('nan'):7.2f}"
         )
 
 
@@ -329,14 +391,16 @@ def main() -> None:
     print(f"\n{meta}")
     print(
         f"{'config':7}{'pair':11}{'predicted':>10}{'measured':>10}{'95% interval':>20}{'ratio':>7}"
-        f"{'':4}{'parts':>7}"
+        f"{'':5}{'parts':>7}{'at meas.':>9}{'ratio':>7}{'':5}{'host fwd diag/meas':>19}"
     )
     for r in rows:
-        ok = _verdict(r["ratio"])
         interval = f"[{r['low_ms']:.2f}, {r['high_ms']:.2f}]"
         print(
             f"{r['config']:7}{r['pair']:11}{r['predicted_ms']:10.2f}{r['measured_ms']:10.2f}"
-            f"{interval:>20}{r['ratio']:7.2f} {ok:4}{r['parts_ms']:7.2f}"
+            f"{interval:>20}{r['ratio']:7.2f} {_verdict(r['ratio']):4}{r['parts_ms']:7.2f}"
+            f"{r['predicted_at_measure_ms']:9.2f}{r['ratio_at_measure']:7.2f} "
+            f"{_verdict(r['ratio_at_measure']):4}"
+            f"{r['host_fwd_diag_ms']:10.2f}{r['host_fwd_measure_ms']:9.2f}"
         )
 
 
