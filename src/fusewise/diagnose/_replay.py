@@ -37,6 +37,10 @@ _BISECTIONS = 32
 _FUSED, _SYNC, _LAUNCH, _OP = range(4)  # order of events at one instant
 # queued kernel pairs needed to measure the device's gap between kernels (device_gap_us)
 MIN_QUEUED = 16
+# a replayed wait for the device longer than this makes a phase's end the device's (µs)
+WAIT_MIN_US = 50.0
+# the recorded step's first op longer than this many median op spans paid the session's start
+STARTUP_SPANS = 10.0
 
 
 @dataclass
@@ -82,12 +86,16 @@ class Replay:
     mark (plain_marks: per step, (label, ms from its start), as Observation.marks_ms) where
     their labels match the trace's, else their median time (ms) alone."""
 
-    def __init__(self, trace: StepTrace, plain_ms: float, plain_marks=None, kernel_gap_us=0.0):
+    def __init__(
+        self, trace: StepTrace, plain_ms: float, plain_marks=None, kernel_gap_us=0.0, waits=()
+    ):
         self.trace, self.plain_ms, self.kernel_gap_us = trace, plain_ms, kernel_gap_us
+        self.syncs = _with_waits(trace, waits)
+        self._startup = _startup(trace)
         self._events = sorted(
             [(t, _OP, None) for t in trace.op_starts]
             + [(k.issue_us, _LAUNCH, k) for k in trace.kernels]
-            + [(s, _SYNC, (s, e)) for s, e in trace.syncs],
+            + [(s, _SYNC, (s, e)) for s, e in self.syncs],
             key=_order,  # stable: kernels of one instant stay in issue order
         )
         self._spans = [e - s for s, e in trace.spans.values()]
@@ -121,20 +129,36 @@ class Replay:
 
     def _calibrate_phases(self, targets_us) -> list[float]:
         """Phase by phase, the cost per op at which the host reaches the phase's end when the
-        plain steps' host did (waits for the device included on both sides)."""
+        plain steps' host did. A phase whose host waits for the device (a sync the replay keeps,
+        .item() after the optimizer) is not fitted: its end is the replayed device's end plus
+        the host work after the wait, so the fit would take the device's error (a replayed
+        device 1-2 ms late on the H200: the profiled step's first ops) off the host work after
+        it, and removing the sync would then save nothing. It takes the fitted phases' median
+        cost per op instead."""
         ks: list[float] = []
+        start = 0.0
         for bound, target in zip(self.bounds, targets_us):
 
             def late(k, bound=bound, target=target):
                 return self._walk(ks + [k], until=bound)[0] > target
 
-            if not late(0.0):
+            fitted = [k for k in ks if 0.0 < k < K_MAX_US]
+            if fitted and self._waits_between(ks, statistics.median(fitted), start, bound):
+                ks.append(statistics.median(fitted))
+            elif not late(0.0):
                 ks.append(0.0)
             elif late(K_MAX_US):
                 ks.append(K_MAX_US)
             else:
                 ks.append(_bisect(late))
+            start = bound
         return ks
+
+    def _waits_between(self, ks, k: float, start: float, end: float) -> bool:
+        """Whether the replayed host waits for the device (over WAIT_MIN_US) between `start`
+        and `end` (trace clock), with the phase's cost per op at `k`."""
+        waits = self._walk(ks + [k], until=end, waits=True)[2]
+        return any(start <= t and w > WAIT_MIN_US for t, w in waits)
 
     def fused(self, ops, device_ms: float) -> Fused:
         """The fused kernel replacing `ops` (op-graph indices): issued where the first began,
@@ -176,19 +200,21 @@ class Replay:
         host, device = self._walk(ks, removed, fused, unsynced)
         return max(host, device) / 1e3
 
-    def _walk(self, ks, removed=(), fused=(), unsynced=(), until=None):
+    def _walk(self, ks, removed=(), fused=(), unsynced=(), until=None, waits=False):
         """(host clock, device free) in µs at `until` on the trace's clock (the step's end when
-        None); see the module's docstring for the model."""
+        None); see the module's docstring for the model. waits: also the (trace time, µs) of
+        each wait for the device, as a third item."""
         tr = self.trace
         removed = set(removed)
-        cut = _Cut([tr.spans[i] for i in removed if i in tr.spans] + tr.syncs)
-        kept_waits = _waits_kept(tr, unsynced)
+        cut = _Cut([tr.spans[i] for i in removed if i in tr.spans] + self.syncs + self._startup)
+        kept_waits = _waits_kept(tr, self.syncs, unsynced)
         events = self._events
         if fused:
             events = sorted(events + [(f.at_us, _FUSED, f) for f in fused], key=_order)
         end = tr.end_us if until is None else until
         host = extra = debt = device = last = 0.0
         gap = self.kernel_gap_us
+        waited = []
         for t, kind, x in events:
             if t >= end:
                 break
@@ -206,11 +232,13 @@ class Replay:
             elif kind == _SYNC:
                 if x in kept_waits:
                     extra += max(0.0, device - now)
+                    if waits:
+                        waited.append((t, max(0.0, device - now)))
             else:  # a fused kernel
                 device = max(device + gap, now) + x.device_us
                 extra += x.host_us
         host += max(0.0, cut.free(end) - last - debt)
-        return host + extra, device
+        return (host + extra, device, waited) if waits else (host + extra, device)
 
     def evidence(self) -> dict:
         return dict(
@@ -263,6 +291,36 @@ def _order(event):
     return event[0], event[1]
 
 
-def _waits_kept(tr: StepTrace, unsynced) -> set:
+def _waits_kept(tr: StepTrace, syncs, unsynced) -> set:
     spans = [tr.spans[i] for i in unsynced if i in tr.spans]
-    return {(s, e) for s, e in tr.syncs if not any(a <= s and e <= b for a, b in spans)}
+    return {(s, e) for s, e in syncs if not any(a <= s and e <= b for a, b in spans)}
+
+
+def _startup(tr: StepTrace) -> list[tuple[float, float]]:
+    """The profiler session's start-up, taken out of the host's time: the host time before the
+    step's first aten op, and that op's span beyond STARTUP_SPANS median op spans. The recorded
+    session starts where the step does, and its first op pays for it (the H200's demo step:
+    the embedding's 0.6-1.2 ms against ~9 µs for a median op, 0.8 ms before its kernel), a
+    cost no cost per op can take off: the replayed device started ~1.5 ms late."""
+    if not tr.spans:
+        return []
+    a, b = min(tr.spans.values())
+    longest = STARTUP_SPANS * statistics.median(e - s for s, e in tr.spans.values())
+    return [(0.0, a)] + ([(a + longest, b)] if b - a > longest else [])
+
+
+def _with_waits(tr: StepTrace, waits) -> list[tuple[float, float]]:
+    """The trace's sync calls, plus the host span of each op of `waits` (op-graph indices of ops
+    that wait for the device by their nature: .item(), nonzero, a copy to the CPU) that holds
+    none. The profiler does not always record the wait inside such an op (the H200's
+    `loss.item()` after an optimizer step: no sync call in its span), and a replay without it
+    never makes the host wait there: the naive step's wait is lost, and removing it saves
+    nothing."""
+    syncs = list(tr.syncs)
+    for i in waits:
+        if i not in tr.spans:
+            continue
+        a, b = tr.spans[i]
+        if not any(a <= s and e <= b for s, e in tr.syncs):
+            syncs.append((a, b))
+    return sorted(syncs)
