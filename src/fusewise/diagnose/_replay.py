@@ -39,8 +39,6 @@ _FUSED, _SYNC, _LAUNCH, _OP = range(4)  # order of events at one instant
 MIN_QUEUED = 16
 # a replayed wait for the device longer than this makes a phase's end the device's (µs)
 WAIT_MIN_US = 50.0
-# the recorded step's first op longer than this many median op spans paid the session's start
-STARTUP_SPANS = 10.0
 
 
 @dataclass
@@ -91,7 +89,6 @@ class Replay:
     ):
         self.trace, self.plain_ms, self.kernel_gap_us = trace, plain_ms, kernel_gap_us
         self.syncs = _with_waits(trace, waits)
-        self._startup = _startup(trace)
         self._events = sorted(
             [(t, _OP, None) for t in trace.op_starts]
             + [(k.issue_us, _LAUNCH, k) for k in trace.kernels]
@@ -132,9 +129,9 @@ class Replay:
         plain steps' host did. A phase whose host waits for the device (a sync the replay keeps,
         .item() after the optimizer) is not fitted: its end is the replayed device's end plus
         the host work after the wait, so the fit would take the device's error (a replayed
-        device 1-2 ms late on the H200: the profiled step's first ops) off the host work after
-        it, and removing the sync would then save nothing. It takes the fitted phases' median
-        cost per op instead."""
+        device 1-2 ms late on the H200: the profiled step's first op alone took 0.6-1.2 ms of
+        host time, against ~9 µs for a median op) off the host work after it, and removing
+        the sync would then save nothing. It takes the fitted phases' median cost per op."""
         ks: list[float] = []
         start = 0.0
         for bound, target in zip(self.bounds, targets_us):
@@ -206,7 +203,7 @@ class Replay:
         each wait for the device, as a third item."""
         tr = self.trace
         removed = set(removed)
-        cut = _Cut([tr.spans[i] for i in removed if i in tr.spans] + self.syncs + self._startup)
+        cut = _Cut([tr.spans[i] for i in removed if i in tr.spans] + self.syncs)
         kept_waits = _waits_kept(tr, self.syncs, unsynced)
         events = self._events
         if fused:
@@ -294,19 +291,6 @@ def _order(event):
 def _waits_kept(tr: StepTrace, syncs, unsynced) -> set:
     spans = [tr.spans[i] for i in unsynced if i in tr.spans]
     return {(s, e) for s, e in syncs if not any(a <= s and e <= b for a, b in spans)}
-
-
-def _startup(tr: StepTrace) -> list[tuple[float, float]]:
-    """The profiler session's start-up, taken out of the host's time: the host time before the
-    step's first aten op, and that op's span beyond STARTUP_SPANS median op spans. The recorded
-    session starts where the step does, and its first op pays for it (the H200's demo step:
-    the embedding's 0.6-1.2 ms against ~9 µs for a median op, 0.8 ms before its kernel), a
-    cost no cost per op can take off: the replayed device started ~1.5 ms late."""
-    if not tr.spans:
-        return []
-    a, b = min(tr.spans.values())
-    longest = STARTUP_SPANS * statistics.median(e - s for s, e in tr.spans.values())
-    return [(0.0, a)] + ([(a + longest, b)] if b - a > longest else [])
 
 
 def _with_waits(tr: StepTrace, waits) -> list[tuple[float, float]]:
