@@ -15,7 +15,8 @@ the loss with the generic fix, torch.compile of the cast and the cross-entropy (
 matmul stays cuBLAS's), `loss` with fusewise.ops.linear_cross_entropy.
 
 python benchmarks/predict_pairs.py [--configs demo,small] [--pairs norm,attention,...]
-    [--dump-obs FILE]
+    [--dump-obs FILE] [--no-isolate]   (each pair in its own process unless --no-isolate; the
+    default on the CPU is one process)
 python benchmarks/predict_pairs.py --from-obs FILE   (on any machine: the current estimator
     on a dump's observations, against the measured savings stored with them)
 Table last; CSV rows (one per pair) and each naive diagnosis' findings (JSON) under $OUT. The
@@ -328,6 +329,34 @@ def from_obs(path: str) -> None:
         )
 
 
+def run_isolated(cname: str, pair: str, rounds: int, *, dump: bool):
+    """One pair in a fresh Python process: (its row, its dumped observations or {}). In one
+    process the pairs ran on a host that grew slower from pair to pair (the H200 at 2b39aea:
+    the naive step's host work ended at 20 ms in the first pair, 33 ms by the fourth): the
+    earlier pairs' models, observations and allocator state stay, and each pair's
+    measurement must start from the same process as the first."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        row_file, obs_file = os.path.join(tmp, "row.json"), os.path.join(tmp, "obs.pkl.gz")
+        cmd = [sys.executable, os.path.abspath(__file__), "--configs", cname, "--pairs", pair]
+        cmd += ["--rounds", str(rounds), "--no-isolate", "--row-out", row_file]
+        if dump:
+            cmd += ["--dump-obs", obs_file]
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"pair {cname}/{pair} failed:\n{done.stdout[-3000:]}")
+        with open(row_file) as fh:
+            row = json.load(fh)
+        dumped = {}
+        if dump:
+            with gzip.open(obs_file, "rb") as fh:
+                dumped = pickle.load(fh)["pairs"]
+    return row, dumped
+
+
 def _verdict(ratio: float) -> str:
     """The goal of issue #12: predicted within +-30% of measured."""
     return "ok" if abs(ratio - 1) <= 0.3 else "MISS"
@@ -347,6 +376,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--dump-obs", default=None, help="gzipped pickle of the naive observations")
     ap.add_argument("--from-obs", default=None, help="re-predict a --dump-obs file's pairs")
+    ap.add_argument(
+        "--isolate",
+        action=argparse.BooleanOptionalAction,
+        default=cuda,
+        help="each pair in a fresh process (the default on a GPU)",
+    )
+    ap.add_argument("--row-out", default=None, help=argparse.SUPPRESS)  # an isolated pair's row
     a = ap.parse_args()
     if a.from_obs:
         return from_obs(a.from_obs)
@@ -355,17 +391,25 @@ def main() -> None:
     rows, kept = [], ({} if a.dump_obs else None)
     for cname in a.configs.split(","):
         for pair in a.pairs.split(","):
-            r = run_pair(
-                pair,
-                CONFIGS[cname],
-                device=device,
-                dtype=dtype,
-                rounds=a.rounds,
-                out_dir=out_dir,
-                kept=kept,
-            )
-            r = dict(config=cname, **r)
+            if a.isolate:
+                r, dumped = run_isolated(cname, pair, a.rounds, dump=kept is not None)
+                if kept is not None:
+                    kept.update(dumped)
+            else:
+                r = run_pair(
+                    pair,
+                    CONFIGS[cname],
+                    device=device,
+                    dtype=dtype,
+                    rounds=a.rounds,
+                    out_dir=out_dir,
+                    kept=kept,
+                )
+                r = dict(config=cname, **r)
             rows.append(r)
+            if a.row_out:
+                with open(a.row_out, "w") as fh:
+                    json.dump(r, fh)
             print(
                 f"{cname:6} {pair:10} predicted {r['predicted_ms']:7.2f} ms  measured "
                 f"{r['measured_ms']:7.2f} [{r['low_ms']:.2f}, {r['high_ms']:.2f}]  "
