@@ -170,6 +170,26 @@ def test_an_op_that_waits_by_its_nature_waits_without_a_recorded_sync_call():
     assert Replay(with_call, 1e9, waits=[1]).syncs == with_call.syncs
 
 
+def test_a_phases_unpaid_profiler_cost_does_not_eat_the_next_phases_host_time():
+    # A forward the fit cannot bring down to the plain steps' time (the cost per op stops at
+    # K_MAX_US: one long op, then short ones whose cost their own time cannot pay); its
+    # unpaid cost is dropped at the phase's end. Carried into the backward it ate the
+    # backward's whole host time (fitted at 0): the H200's launch-bound test step replayed
+    # in 0.40 ms against a plain 1.85 ms
+    fwd = [(2000.0, [1.0])] + [(5.0, [1.0])] * 9
+    bwd = [(30.0, [1.0])] * 20  # 10 µs of host work and 20 of profiler cost per op
+    tr = make_trace(fwd + bwd, tail_sync=False)
+    tr.marks = [(BACKWARD + ".begin", tr.spans[10][0]), (BACKWARD + ".end", tr.spans[29][1])]
+    # the plain steps' forward took 50 µs (out of reach: the replayed one ends at 1,500) and
+    # their backward 200 µs, reached 1,700 µs into the replay when the backward's cost is 20
+    plain = [[(BACKWARD + ".begin", 0.050), (BACKWARD + ".end", 1.700), ("end", 1.700)]] * 3
+    r = Replay(tr, 1.700, plain)
+    assert r.ks[0] == K_MAX_US  # the forward stays late: its start-up cannot be paid
+    assert r.ks[1] == pytest.approx(20.0, abs=1.0)
+    forward_end = r._walk(r.ks, until=r.bounds[0])[0]
+    assert r._walk(r.ks, until=r.bounds[1])[0] - forward_end == pytest.approx(200.0, abs=25.0)
+
+
 def test_host_bound_step_saves_host_time_and_ignores_device_time():
     tr = make_trace([(100.0, [2.0])] * 10)
     r = replay(tr)

@@ -14,7 +14,8 @@ the device had in the plain step (saving_ms says why).
 Calibration: the recorded step ran under a profiler that records shapes and stacks, which slows
 the host by a cost per op the plain step does not pay. That cost, k µs per aten op, is taken off
 the host's time (from the time after each op, never below zero) with the k at which the replayed
-step lasts as long as the median plain step (bisection: the replayed time falls as k grows).
+step lasts as long as the median plain step (bisection: the replayed time falls as k grows). A
+phase's cost not paid by its end is dropped there, never taken off the next phase's time.
 Kernel times are the device's own and are kept. The device also pays a gap before each kernel
 even when it is queued (the H200: about 1 µs between back-to-back kernels, a quarter of a
 per-parameter AdamW loop's device time); kernel_gap_us, measured on the trace's queued kernels
@@ -212,9 +213,18 @@ class Replay:
         host = extra = debt = device = last = 0.0
         gap = self.kernel_gap_us
         waited = []
+        bounds, passed = self.bounds, 0
         for t, kind, x in events:
             if t >= end:
                 break
+            while passed < len(bounds) and t >= bounds[passed]:
+                # a phase's profiler cost stays in its phase: what its host time could not pay
+                # by the phase's end is dropped, not taken off the next phase's host time (a
+                # launch-bound forward fitted at K_MAX_US ate the whole backward's host time)
+                f = cut.free(bounds[passed])
+                pay = min(debt, f - last)
+                host, debt, last = host + f - last - pay, 0.0, f
+                passed += 1
             f = cut.free(t)
             # the profiler's cost of the ops so far comes off the host time that followed them
             pay = min(debt, f - last)
