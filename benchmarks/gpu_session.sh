@@ -2,7 +2,9 @@
 # One GPU call of a session: GPU tests and the predicted-vs-measured pairs. Tables to stdout;
 # CSV, logs and the pairs' observations under $OUT.
 # Usage (in the device command): FUSEWISE_COMMIT=<sha> TESTS="tests/a.py ..." \
-#   bash benchmarks/gpu_session.sh [tests] [pairs]   (.whl carried: Liger and CCE for tests)
+#   bash benchmarks/gpu_session.sh [serial] [tests] [replay] [capture] [pairs]
+#   (.whl carried: Liger and CCE for tests; serial: SERIAL_TESTS without xdist, for tests that
+#   time a launch-bound step and fail when other processes share the GPU)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -15,6 +17,15 @@ for what in "$@"; do
       timeout ${TESTS_S:-300} python -m pytest -q -p no:cacheprovider ${XDIST:-} ${TESTS} 2>&1 \
         | grep -v USDT > "$OUT/gpu_tests.txt"
       grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -20; tail -1 "$OUT/gpu_tests.txt" ;;
+    serial)
+      timeout 120 python -m pytest -q -p no:cacheprovider ${SERIAL_TESTS} 2>&1 | grep -v USDT \
+        > "$OUT/gpu_tests_serial.txt"
+      grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests_serial.txt" | head; tail -1 "$OUT/gpu_tests_serial.txt" ;;
+    replay)
+      timeout 100 python benchmarks/replay_check.py 2>&1 | grep -v USDT > "$OUT/replay_check.txt"
+      grep -E "^---|^rule" "$OUT/replay_check.txt" ;;
+    capture)
+      timeout 170 python benchmarks/capture_overhead.py 2>&1 | grep -v USDT | tail -8 ;;
     pairs)
       (cd benchmarks && timeout ${PAIRS_S:-300} python predict_pairs.py --configs demo \
         --rounds ${ROUNDS:-8} --dump-obs "$OUT/pairs_obs.pkl.gz" 2>&1 | grep -v USDT | tail -13)
