@@ -96,6 +96,44 @@ def test_matmuls_stay_out_of_the_removed_ops():
     assert "aten.mm.default" in _measured.MATMULS
 
 
+def _written_out_attention(ms: float = 0.5) -> OpGraph:
+    """q @ k^T -> div -> masked_fill -> softmax -> @ v: q, k, v and the output 4 MiB each,
+    the scores and probabilities 256 MiB; each matmul 20 GFLOP; every op takes `ms`."""
+    small, big = 4 * MB, 256 * MB
+    sizes = {0: small, 1: small, 2: big, 3: big, 4: big, 5: big, 6: small, 7: small}
+    values = {v: Value(v, (n // 2,), "bfloat16", n, device="cuda") for v, n in sizes.items()}
+    op = OpRecord
+    ops = [
+        op(0, "aten.bmm.default", "forward", [0, 1], [2], 2e10, 2 * small + big, "m.py:9", ms=ms),
+        op(1, "aten.div.Tensor", "forward", [2], [3], big / 2, 2 * big, "m.py:9", ms=ms),
+        op(2, "aten.masked_fill.Scalar", "forward", [3], [4], 0, 2 * big, "m.py:10", ms=ms),
+        op(3, "aten._softmax.default", "forward", [4], [5], big, 2 * big, "m.py:11", ms=ms),
+        op(4, "aten.bmm.default", "forward", [5, 6], [7], 2e10, 2 * small + big, "m.py:11", ms=ms),
+    ]
+    return OpGraph(ops, values)
+
+
+def test_a_fused_attention_kernel_takes_the_scores_matmuls_with_it():
+    # scaled_dot_product_attention computes q @ k^T and probs @ v inside its kernel: the two
+    # bmms go with the memory-bound ops, and the fused kernel pays their FLOPs at its share
+    # of the matmul ceiling (here longer than its bytes)
+    g = _written_out_attention()
+    t = _measured.timing(_obs(g))
+    (f,) = find_chains(g, H200, t)
+    assert f.pattern == "attention"
+    assert f.evidence["removed_ops"] == 5
+    compute = 4e10 / (H200.matmul_TFLOPs * 1e9 * T.ATTENTION_KERNEL_MATMUL_SHARE)  # ms
+    fused_bytes = f.evidence["bytes_fused_minimum"]
+    by_bytes = fused_bytes / (H200.bandwidth_GBps * 1e9 * T.FUSED_KERNEL_EFFICIENCY) * 1e3
+    assert compute > by_bytes
+    assert f.evidence["fused_kernel_ms"] == pytest.approx(compute, abs=1e-4)
+    assert f.est_saving_ms == pytest.approx(5 * 0.5 - compute)
+    # any other chain keeps its matmuls: they stay out of the removed ops and the saving
+    g.ops[3] = dataclasses.replace(g.ops[3], name="aten.exp.default")
+    (other,) = find_chains(g, H200, _measured.timing(_obs(g)))
+    assert other.pattern != "attention" and other.evidence["removed_ops"] == 3
+
+
 class _Event:
     def __init__(self, name, start, end, device="cpu", corr=0, link=0, thread=1):
         self._v = (name, start, end, device, corr, link, thread)

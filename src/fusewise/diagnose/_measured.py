@@ -162,13 +162,15 @@ def saving(
     bandwidth_GBps: float,
     t: Timing,
     efficiency: float = T.FUSED_KERNEL_EFFICIENCY,
+    compute_ms: float = 0.0,
 ):
-    """removed: the ops the fix takes away (a chain's matmuls are not among them: the fused
-    kernel still does their FLOPs); fused_bytes: what the fused kernel must move, at
-    `efficiency` of the copy ceiling."""
+    """removed: the ops the fix takes away (a chain's matmuls are not among them unless the
+    fused kernel does their FLOPs itself: attention); fused_bytes: what the fused kernel must
+    move, at `efficiency` of the copy ceiling; compute_ms: its FLOPs' time where it has them.
+    The fused kernel takes the longer of the two."""
     removed_ms = sum(t.op_ms(op) for op in removed)
     gaps = sum(t.op_gap_ms(op) for op in removed)
-    fused = fused_bytes / (bandwidth_GBps * 1e9 * efficiency) * 1e3
+    fused = max(fused_bytes / (bandwidth_GBps * 1e9 * efficiency) * 1e3, compute_ms)
     return Saving(
         max(0.0, removed_ms + gaps - fused),
         removed_ms,

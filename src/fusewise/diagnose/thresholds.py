@@ -29,6 +29,12 @@ FUSED_KERNEL_EFFICIENCY = 0.6
 # ... where the fix is a known kernel, its measured share (benchmarks/results/h200_adamw.csv:
 # torch's fused AdamW 79%, fusewise's 93-99%: the lower of the two fixes a finding names)
 FUSED_KERNEL_EFFICIENCY_BY_PATTERN = {"optimizer": 0.8}
+# A fused attention kernel (flash, through scaled_dot_product_attention) computes the scores'
+# matmuls itself, so written-out attention loses its matmuls too; the kernel does their FLOPs at
+# this share of the matmul ceiling (FlashAttention-2 reports 50-73% of an A100's peak forward,
+# 35-63% backward; counted on the written-out, unmasked FLOPs, a causal kernel's share is
+# higher, and the estimate errs low).
+ATTENTION_KERNEL_MATMUL_SHARE = 0.5
 # The recorded step's op times are put on the profiled steps' clock by the ratio of their
 # device-busy times; a ratio outside this range means the two steps did different work, and
 # the recorded times are kept as measured.
