@@ -113,6 +113,28 @@ def test_no_device_sync_between_profiled_steps(monkeypatch):
     assert synced_at == [1, 2, 3, 4, 7, 8]
 
 
+def test_a_session_collects_the_garbage_only_when_a_session_stopped_since(monkeypatch):
+    """A full collection walks every live object (~100 ms beside a model): a session's start
+    collects only when a session stopped since the last collection (its objects may be cyclic
+    garbage), so the recorded step's session, started after the schedule collected the
+    profiled steps' one, does not pay it inside the step."""
+    import gc
+
+    collections = []
+    real = gc.collect
+    monkeypatch.setattr(gc, "collect", lambda *a: collections.append(1) or real(*a))
+    profiler.collect()
+    assert len(collections) == 1
+    prof = profiler.start(cuda=False)
+    assert len(collections) == 1  # nothing stopped since the collection: none at the start
+    profiler.stop(prof)
+    profiler.release(prof)
+    second = profiler.start(cuda=False)
+    assert len(collections) == 2  # the first session's objects: collected before this one
+    profiler.stop(second)
+    profiler.release(second)
+
+
 def test_the_garbage_collector_is_paused_while_a_session_runs_and_restored_after():
     """A collection inside a session that frees another profile's kineto objects crashed the
     process (capture/profiler.py): sessions pause the collector, and every way out restores it."""

@@ -59,6 +59,12 @@ def stop(prof: torch.profiler.profile) -> None:
 _GC_PAUSED = "_fusewise_gc_paused"
 _gc_holds = 0
 _gc_was_enabled = True
+# Whether a session may have left garbage since the last collect() (unknown at first). A full
+# collection walks every live object: ~100 ms in a process holding a model and its diagnosis
+# (the H200's demo: the recorded step went from 1.2x to 4.9x its plain time with a collection
+# at its session's start). The schedule collects once the profiled steps' session is read, so
+# the recorded step's session need not collect again.
+_garbage = True
 
 
 def pause_gc(session) -> None:
@@ -66,7 +72,8 @@ def pause_gc(session) -> None:
     if getattr(session, _GC_PAUSED, False):
         return
     if _gc_holds == 0:
-        collect()
+        if _garbage:
+            collect()
         _gc_was_enabled = gc.isenabled()
         gc.disable()
     _gc_holds += 1
@@ -75,11 +82,12 @@ def pause_gc(session) -> None:
 
 def resume_gc(session) -> None:
     """Undo pause_gc(session); a second call (a session stopped twice) does nothing."""
-    global _gc_holds
+    global _gc_holds, _garbage
     if not getattr(session, _GC_PAUSED, False):
         return
     setattr(session, _GC_PAUSED, False)
     _gc_holds -= 1
+    _garbage = True  # the session's objects, once dropped
     if _gc_holds == 0 and _gc_was_enabled:
         gc.enable()
 
@@ -98,7 +106,9 @@ def collect() -> None:
     profile's objects freed by a later, automatic collection crashed the H200 inside the next
     session (the recorder's; faulthandler showed "Garbage-collecting" in the segfaulting frame),
     in tests/test_cli.py about one run in two, at this commit's parent and before the refactor."""
+    global _garbage
     gc.collect()
+    _garbage = False
 
 
 # Optimizer steps, marked through torch's global optimizer hooks as instants on the profiler's
