@@ -306,10 +306,10 @@ def _waits_kept(tr: StepTrace, syncs, unsynced) -> set:
 def _with_waits(tr: StepTrace, waits) -> list[tuple[float, float]]:
     """The trace's sync calls, plus the host span of each op of `waits` (op-graph indices of ops
     that wait for the device by their nature: .item(), nonzero, a copy to the CPU) that holds
-    none. The profiler does not always record the wait inside such an op (the H200's
-    `loss.item()` after an optimizer step: no sync call in its span), and a replay without it
-    never makes the host wait there: the naive step's wait is lost, and removing it saves
-    nothing."""
+    none. Should the profiler miss the sync call inside such an op, a replay without it would
+    never make the host wait there: the naive step's wait lost, removing it would save nothing.
+    (On the H200, torch 2.11, `loss.item()`'s cudaStreamSynchronize was recorded; this guards
+    the sync calls the trace does not name, not a miss seen there.)"""
     syncs = list(tr.syncs)
     for i in waits:
         if i not in tr.spans:
