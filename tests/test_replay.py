@@ -157,19 +157,6 @@ def test_a_phase_that_waits_for_the_device_keeps_its_host_work(monkeypatch):
     assert fitted.ks[1] > 5 * fitted.ks[0] and fitted.saving_ms(unsynced=[20]) < 0.2 * truth
 
 
-def test_an_op_that_waits_by_its_nature_waits_without_a_recorded_sync_call():
-    # the profiler recorded no sync call inside .item() (op 1): given as a waiting op, its span
-    # is a wait, and removing it lets the 200 µs of host work after it overlap the kernel
-    tr = make_trace([(10.0, [300.0]), (400.0, []), (200.0, [])])
-    assert Replay(tr, 1e9).saving_ms(unsynced=[1]) == 0.0  # no wait known: nothing to remove
-    r = Replay(tr, 1e9, waits=[1])
-    assert r.syncs[0] == tr.spans[1]
-    assert r.saving_ms(unsynced=[1]) == pytest.approx(0.200, abs=0.01)
-    # an op whose span holds a recorded sync call adds nothing
-    with_call = make_trace([(10.0, [300.0]), (400.0, []), (200.0, [])], syncs_inside={1: (2, 3)})
-    assert Replay(with_call, 1e9, waits=[1]).syncs == with_call.syncs
-
-
 def test_a_phases_unpaid_profiler_cost_does_not_eat_the_next_phases_host_time():
     # A forward the fit cannot bring down to the plain steps' time (the cost per op stops at
     # K_MAX_US: one long op, then short ones whose cost their own time cannot pay); its

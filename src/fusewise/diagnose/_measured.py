@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from ..capture.graph import OpGraph, OpRecord
 from . import thresholds as T
 from ._replay import Replay, device_gap_us
-from ._sync_ops import sync_reason
 
 MATMULS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default"}
 
@@ -110,9 +109,7 @@ def replay_of(obs) -> Replay | None:
     trace = getattr(obs, "trace", None)
     plain = obs.median_ms if trace is not None else None
     gap = device_gap_us(trace.kernels) if trace is not None else 0.0
-    waits = [op.index for op in obs.graph.ops if sync_reason(obs.graph, op)] if plain else []
-    marks = getattr(obs, "marks_ms", None)
-    obs._replay = Replay(trace, plain, marks, gap, waits) if plain else None
+    obs._replay = Replay(trace, plain, getattr(obs, "marks_ms", None), gap) if plain else None
     return obs._replay
 
 

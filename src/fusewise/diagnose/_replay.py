@@ -85,15 +85,12 @@ class Replay:
     mark (plain_marks: per step, (label, ms from its start), as Observation.marks_ms) where
     their labels match the trace's, else their median time (ms) alone."""
 
-    def __init__(
-        self, trace: StepTrace, plain_ms: float, plain_marks=None, kernel_gap_us=0.0, waits=()
-    ):
+    def __init__(self, trace: StepTrace, plain_ms: float, plain_marks=None, kernel_gap_us=0.0):
         self.trace, self.plain_ms, self.kernel_gap_us = trace, plain_ms, kernel_gap_us
-        self.syncs = _with_waits(trace, waits)
         self._events = sorted(
             [(t, _OP, None) for t in trace.op_starts]
             + [(k.issue_us, _LAUNCH, k) for k in trace.kernels]
-            + [(s, _SYNC, (s, e)) for s, e in self.syncs],
+            + [(s, _SYNC, (s, e)) for s, e in trace.syncs],
             key=_order,  # stable: kernels of one instant stay in issue order
         )
         self._spans = [e - s for s, e in trace.spans.values()]
@@ -204,8 +201,8 @@ class Replay:
         each wait for the device, as a third item."""
         tr = self.trace
         removed = set(removed)
-        cut = _Cut([tr.spans[i] for i in removed if i in tr.spans] + self.syncs)
-        kept_waits = _waits_kept(tr, self.syncs, unsynced)
+        cut = _Cut([tr.spans[i] for i in removed if i in tr.spans] + tr.syncs)
+        kept_waits = _waits_kept(tr, unsynced)
         events = self._events
         if fused:
             events = sorted(events + [(f.at_us, _FUSED, f) for f in fused], key=_order)
@@ -298,23 +295,6 @@ def _order(event):
     return event[0], event[1]
 
 
-def _waits_kept(tr: StepTrace, syncs, unsynced) -> set:
+def _waits_kept(tr: StepTrace, unsynced) -> set:
     spans = [tr.spans[i] for i in unsynced if i in tr.spans]
-    return {(s, e) for s, e in syncs if not any(a <= s and e <= b for a, b in spans)}
-
-
-def _with_waits(tr: StepTrace, waits) -> list[tuple[float, float]]:
-    """The trace's sync calls, plus the host span of each op of `waits` (op-graph indices of ops
-    that wait for the device by their nature: .item(), nonzero, a copy to the CPU) that holds
-    none. Should the profiler miss the sync call inside such an op, a replay without it would
-    never make the host wait there: the naive step's wait lost, removing it would save nothing.
-    (On the H200, torch 2.11, `loss.item()`'s cudaStreamSynchronize was recorded; this guards
-    the sync calls the trace does not name, not a miss seen there.)"""
-    syncs = list(tr.syncs)
-    for i in waits:
-        if i not in tr.spans:
-            continue
-        a, b = tr.spans[i]
-        if not any(a <= s and e <= b for s, e in tr.syncs):
-            syncs.append((a, b))
-    return sorted(syncs)
+    return {(s, e) for s, e in tr.syncs if not any(a <= s and e <= b for a, b in spans)}

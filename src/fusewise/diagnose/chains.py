@@ -233,7 +233,7 @@ def find_chains(graph: OpGraph, ceilings, timing: _measured.Timing | None = None
             measured = _measured.saving(
                 removed, minimum, bandwidth_GBps, timing, efficiency, compute_ms
             )
-            kept = [op for op in matmuls if op not in absorbed]
+            kept = [] if absorbed else matmuls
             saving_ms, matmul_ms = measured.ms, sum(timing.op_ms(op) for op in kept)
         else:
             measured, saving_ms = None, bytes_saving_ms

@@ -18,8 +18,16 @@ from ..capture.timeline import Timeline
 from ..report import Finding
 from . import _gaps, _measured
 from . import thresholds as T
-from ._sync_ops import sync_reason
 from .registry import analyzer
+
+_SYNCING = {
+    "aten._local_scalar_dense": ".item() / bool() / float() / int() of a GPU tensor",
+    "aten.is_nonzero": "bool() of a GPU tensor (an `if tensor:`)",
+    "aten.nonzero": "nonzero (output size depends on the data)",
+    "aten.masked_select": "masked_select (output size depends on the data)",
+    "aten._unique2": "unique (output size depends on the data)",
+    "aten.unique_consecutive": "unique_consecutive (output size depends on the data)",
+}
 
 
 @analyzer("host-syncs")
@@ -39,9 +47,7 @@ def replay_sync_savings(found: list[Finding], obs) -> list[Finding]:
         return found
     out = []
     for f in found:
-        ops = [
-            op.index for op in obs.graph.ops if op.where == f.where and sync_reason(obs.graph, op)
-        ]
+        ops = [op.index for op in obs.graph.ops if op.where == f.where and _reason(obs.graph, op)]
         if not ops or not replay.covers(ops):
             out.append(f)
             continue
@@ -52,10 +58,24 @@ def replay_sync_savings(found: list[Finding], obs) -> list[Finding]:
     return out
 
 
+def _reason(graph: OpGraph, op) -> str | None:
+    base = ".".join(op.name.split(".")[:2])
+    on_gpu = [graph.values[v].device == "cuda" for v in op.inputs]
+    if not any(on_gpu):
+        return None
+    if base in _SYNCING:
+        return _SYNCING[base]
+    if base in ("aten._to_copy", "aten.copy_") and any(
+        graph.values[v].device == "cpu" for v in op.outputs
+    ):
+        return "a copy to the CPU (.cpu(), .tolist(), .numpy(): blocking unless non_blocking)"
+    return None
+
+
 def find_syncs(graph: OpGraph) -> list[Finding]:
     by_line: dict[str, dict] = {}
     for op in graph.ops:
-        why = sync_reason(graph, op)
+        why = _reason(graph, op)
         if why is None:
             continue
         entry = by_line.setdefault(op.where, {"count": 0, "reasons": set(), "phase": op.phase})
