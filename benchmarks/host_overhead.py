@@ -10,6 +10,7 @@ python benchmarks/host_overhead.py [--profile]   (--profile: where fusewise's ti
 import argparse
 import cProfile
 import pstats
+import statistics
 import time
 
 import torch
@@ -20,8 +21,8 @@ import fusewise
 M, N = 8, 4096
 
 
-def host_us(fn, n=500):
-    for _ in range(30):
+def host_us(fn, n=500, warmup=30):
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -78,20 +79,42 @@ def cases():
     return out
 
 
+def interleaved(fns: dict, rounds=9, n=300):
+    """Host us per call of each variant, measured in alternation (round by round, so a host
+    whose speed drifts moves every variant alike): {name: [us per round]}."""
+    for fn in fns.values():
+        host_us(fn, n=50)
+    out = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            out[name].append(host_us(fn, n=n, warmup=0))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--csv", help="write the per-round times here")
     a = ap.parse_args()
     table = cases()
-    print(f"host us per eager call, {M} x {N} bf16, {torch.cuda.get_device_name()}")
+    print(f"host us per eager call, {M} x {N} bf16, {torch.cuda.get_device_name()}, median of")
+    print("9 interleaved rounds; fusewise/torch: median [min, max] of the per-round ratios")
+    rows = []
     for case, fns in table.items():
-        us = {name: host_us(fn) for name, fn in fns.items()}
-        ratio = us["fusewise"] / us["torch"]
+        us = interleaved(fns)
+        ratios = sorted(f / t for f, t in zip(us["fusewise"], us["torch"]))
+        med = {name: statistics.median(v) for name, v in us.items()}
         print(
             f"{case:20s} "
-            + "  ".join(f"{name} {v:6.1f}" for name, v in us.items())
-            + f"   fusewise/torch {ratio:.2f}"
+            + "  ".join(f"{name} {v:6.1f}" for name, v in med.items())
+            + f"   fusewise/torch {statistics.median(ratios):.2f}"
+            + f" [{ratios[0]:.2f}, {ratios[-1]:.2f}]"
         )
+        rows += [(case, name, i, v) for name, vs in us.items() for i, v in enumerate(vs)]
+    if a.csv:
+        with open(a.csv, "w") as f:
+            f.write("case,variant,round,host_us\n")
+            f.writelines(f"{c},{v},{i},{t:.2f}\n" for c, v, i, t in rows)
     if a.profile:
         fn = table["layer_norm fwd+bwd"]["fusewise"]
         host_us(fn, n=50)

@@ -16,6 +16,7 @@ import struct
 import torch
 import triton.language as tl
 
+from .._launch import launch as launch_kernel
 from .kernels import adamw_kernel
 
 BLOCK = 1024  # elements per inner step
@@ -116,7 +117,9 @@ def launch(
     with guard:
         # 1 - beta and log(beta) in double here: 1 - beta2 from beta2 rounded to fp32 is 1.3%
         # off at 0.999999 (torch computes both in Python double)
-        adamw_kernel[(n_chunks,)](
+        launch_kernel(
+            adamw_kernel,
+            (n_chunks,),
             table,
             chunks,
             lr if lr_is_tensor else table,

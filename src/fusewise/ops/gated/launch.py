@@ -11,9 +11,8 @@ are read, so the launches capture in CUDA graphs.
 from __future__ import annotations
 
 import torch
-import triton
 
-from .._launch import next_power_of_2
+from .._launch import cdiv, launch, next_power_of_2
 from . import kernels as K
 
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
@@ -40,8 +39,8 @@ def _grid(m: int, n: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, column blocks, programs) for [m, n]."""
     block_n = min(next_power_of_2(max(n, 1)), MAX_BLOCK_N)
     block_m = max(1, TILE_ELEMENTS // block_n)
-    n_col = triton.cdiv(n, block_n)
-    return block_m, block_n, n_col, triton.cdiv(m, block_m) * n_col
+    n_col = cdiv(n, block_n)
+    return block_m, block_n, n_col, cdiv(m, block_m) * n_col
 
 
 def gated_forward(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
@@ -53,7 +52,9 @@ def gated_forward(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tenso
     if _flat(gate, up):
         gate, up, m, n = gate.reshape(1, m * n), up.reshape(1, m * n), 1, m * n
     block_m, block_n, n_col, programs = _grid(m, n)
-    K.gated_fwd_kernel[(programs,)](
+    launch(
+        K.gated_fwd_kernel,
+        (programs,),
         gate,
         up,
         y,
@@ -109,7 +110,9 @@ def gated_backward(
     else:
         dg_k, du_k = dg, du
     block_m, block_n, n_col, programs = _grid(m, n)
-    K.gated_bwd_kernel[(programs,)](
+    launch(
+        K.gated_bwd_kernel,
+        (programs,),
         gate,
         up,
         dy,

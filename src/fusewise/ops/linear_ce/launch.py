@@ -29,11 +29,10 @@ from __future__ import annotations
 import warnings
 
 import torch
-import triton
 from torch import Tensor
 
 from .. import _dispatch
-from .._launch import next_power_of_2, sm_count
+from .._launch import cdiv, launch, next_power_of_2, sm_count
 from . import reference
 from .kernels import ce_rows_kernel, scale_kernel
 
@@ -74,7 +73,9 @@ def ce_rows_triton(z, target, loss, lse, scale, opts):
     write_grad = scale is not None
     per_row = write_grad and scale.numel() > 1
     scale = scale if write_grad else lse  # a placeholder: not read without WRITE_GRAD
-    ce_rows_kernel[(programs,)](
+    launch(
+        ce_rows_kernel,
+        (programs,),
         z,
         z.stride(0),
         target,
@@ -89,7 +90,7 @@ def ce_rows_triton(z, target, loss, lse, scale, opts):
         smoothing,
         z_loss,
         softcap or 1.0,
-        triton.cdiv(rows, programs),
+        cdiv(rows, programs),
         programs,
         HAS_SOFTCAP=softcap is not None,
         SMOOTH=smoothing != 0.0,
@@ -104,7 +105,9 @@ def scale_into(src, dst, g):
     """dst = src * g (g a one-element device tensor), one rounding; contiguous, same numel."""
     n = src.numel()
     if n:
-        scale_kernel[(triton.cdiv(n, SCALE_BLOCK),)](src, dst, g, n, BLOCK=SCALE_BLOCK, num_warps=8)
+        launch(
+            scale_kernel, (cdiv(n, SCALE_BLOCK),), src, dst, g, n, BLOCK=SCALE_BLOCK, num_warps=8
+        )
     return dst
 
 

@@ -10,9 +10,8 @@ so they run inside CUDA-graph capture.
 from __future__ import annotations
 
 import torch
-import triton
 
-from .._launch import next_power_of_2, sm_count
+from .._launch import cdiv, launch, next_power_of_2, sm_count
 from . import kernels as K
 
 # Widest row the block path keeps in registers (fp32 values per thread stay <= 32 at 16 warps).
@@ -77,25 +76,24 @@ def use_wide_path(n: int, backward: bool = False) -> bool:
     return n > (MAX_BLOCK_N if backward else MAX_BLOCK_N_FWD)
 
 
-def _empty(device, dtype=torch.float32):
-    return torch.empty(0, dtype=dtype, device=device)
-
-
 def _partials(rows: int, n: int, has_w: bool, has_b: bool, dev):
     """fp32 buffers for per-program partial weight/bias gradients, in one allocation."""
+    if not (has_w or has_b):
+        return None, None
     buf = alloc((int(has_w) + int(has_b), rows, n), torch.float32, dev)
     return (buf[0] if has_w else None), (buf[-1] if has_b else None)
 
 
 def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
-    """x, residual: [M, N]. Returns (y, h or empty, mean or empty, rstd), as
-    reference.norm_forward does."""
+    """x, residual: [M, N]. Returns (y, h or None, mean or None, rstd), as
+    reference.norm_forward does. Nothing is allocated for what is not returned: the kernels get
+    another buffer of the same dtype in place of h and mean, which they never touch then."""
     m, n = x.shape
     dev = x.device
     y = alloc((m, n), x.dtype, dev)
-    h = alloc((m, n), x.dtype, dev) if residual is not None else _empty(dev, x.dtype)
-    mean = _empty(dev) if is_rms else alloc(m, torch.float32, dev)
+    h = alloc((m, n), x.dtype, dev) if residual is not None else None
     rstd = alloc(m, torch.float32, dev)
+    mean = None if is_rms else alloc(m, torch.float32, dev)
     if m == 0:
         return y, h, mean, rstd
     flags = dict(
@@ -106,15 +104,19 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
     )
     r = residual if residual is not None else x
     stride_r = r.stride(0)
+    h_buf = h if h is not None else y
+    mean_buf = mean if mean is not None else rstd
     if use_wide_path(n):
-        K.norm_fwd_wide_kernel[(m,)](
+        launch(
+            K.norm_fwd_wide_kernel,
+            (m,),
             x,
             r,
             weight,
             bias,
             y,
-            h,
-            mean,
+            h_buf,
+            mean_buf,
             rstd,
             n,
             x.stride(0),
@@ -126,14 +128,16 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
         )
     else:
         block_m, block_n, num_warps = block_config(n)
-        K.norm_fwd_block_kernel[(triton.cdiv(m, block_m),)](
+        launch(
+            K.norm_fwd_block_kernel,
+            (cdiv(m, block_m),),
             x,
             r,
             weight,
             bias,
             y,
-            h,
-            mean,
+            h_buf,
+            mean_buf,
             rstd,
             m,
             n,
@@ -149,18 +153,23 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
 
 
 def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
-    """dy, dh, x: [M, N]. Returns (dx, dweight or empty, dbias or empty)."""
+    """dy, dh, x: [M, N]; mean None (or empty) for RMS. Returns (dx, dweight or None, dbias or
+    None)."""
     m, n = x.shape
     dev = x.device
     dx = alloc((m, n), x.dtype, dev)
     has_w, has_b = weight is not None, bias is not None
     if m == 0:
-        dw = torch.zeros_like(weight) if has_w else _empty(dev, x.dtype)
-        db = torch.zeros_like(bias) if has_b else _empty(dev, x.dtype)
+        dw = torch.zeros_like(weight) if has_w else None
+        db = torch.zeros_like(bias) if has_b else None
         return dx, dw, db
     dh_arg = dh if dh is not None else dy
+    if mean is None:  # RMS: the kernels never read it; any fp32 buffer holds the place
+        mean = rstd
     if use_wide_path(n, backward=True):
-        K.norm_bwd_wide_dx_kernel[(m,)](
+        launch(
+            K.norm_bwd_wide_dx_kernel,
+            (m,),
             x,
             weight,
             dy,
@@ -179,14 +188,14 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
             num_warps=WIDE_WARPS,
         )
         if not (has_w or has_b):
-            return dx, *_finish_weight_grads(None, None, weight, bias, dev, x.dtype)
+            return dx, None, None
         block_n, block_m = 256, 16
-        groups = max(
-            1, min(triton.cdiv(m, block_m), 4 * _programs_per_wave(dev) // triton.cdiv(n, block_n))
-        )
-        rows_per_group = triton.cdiv(m, groups)
+        groups = max(1, min(cdiv(m, block_m), 4 * _programs_per_wave(dev) // cdiv(n, block_n)))
+        rows_per_group = cdiv(m, groups)
         dw_part, db_part = _partials(groups, n, has_w, has_b, dev)
-        K.norm_bwd_wide_dw_kernel[(triton.cdiv(n, block_n), groups)](
+        launch(
+            K.norm_bwd_wide_dw_kernel,
+            (cdiv(n, block_n), groups),
             x,
             dy,
             mean,
@@ -208,10 +217,12 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     else:
         block_m, block_n, num_warps = block_config(n, backward=True, is_rms=is_rms)
         per_sm = BWD_PROGRAMS_PER_SM if is_rms else BWD_PROGRAMS_PER_SM_LN
-        n_tiles = triton.cdiv(m, block_m)
+        n_tiles = cdiv(m, block_m)
         programs = min(n_tiles, per_sm * _programs_per_wave(dev))
         dw_part, db_part = _partials(programs, n, has_w, has_b, dev)
-        K.norm_bwd_block_kernel[(programs,)](
+        launch(
+            K.norm_bwd_block_kernel,
+            (programs,),
             x,
             weight,
             dy,
@@ -227,7 +238,7 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
             dy.stride(0),
             dh_arg.stride(0),
             programs,
-            triton.cdiv(n_tiles, programs),
+            cdiv(n_tiles, programs),
             IS_RMS=is_rms,
             HAS_W=has_w,
             HAS_B=has_b,
@@ -237,18 +248,20 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
             PREFETCH=block_n <= PREFETCH_MAX_N,
             num_warps=num_warps,
         )
-    return dx, *_finish_weight_grads(dw_part, db_part, weight, bias, dev, x.dtype)
+    return dx, *_finish_weight_grads(dw_part, db_part, weight, bias, dev)
 
 
-def _finish_weight_grads(dw_part, db_part, weight, bias, dev, dtype):
+def _finish_weight_grads(dw_part, db_part, weight, bias, dev):
     """Second stage of the weight-gradient reduction (fixed order, fp32), one launch."""
-    dw = alloc(weight.shape, weight.dtype, dev) if weight is not None else _empty(dev, dtype)
-    db = alloc(bias.shape, bias.dtype, dev) if bias is not None else _empty(dev, dtype)
+    dw = alloc(weight.shape, weight.dtype, dev) if weight is not None else None
+    db = alloc(bias.shape, bias.dtype, dev) if bias is not None else None
     part = dw_part if dw_part is not None else db_part
-    if part is None:
-        return dw, db
+    if part is None:  # neither weight nor bias
+        return None, None
     n = part.shape[1]
-    K.sum_partials_kernel[(triton.cdiv(n, 128),)](
+    launch(
+        K.sum_partials_kernel,
+        (cdiv(n, 128),),
         dw_part,
         db_part,
         dw,

@@ -48,7 +48,7 @@ def _op_name(is_rms: bool, has_residual: bool) -> str:
 
 
 def forward_impl(x, residual, weight, bias, eps: float, is_rms: bool):
-    """Returns (y, h = x + residual or empty, mean or empty, rstd); mean/rstd fp32 per row."""
+    """Returns (y, h = x + residual or None, mean or None (RMS), rstd); mean/rstd fp32 per row."""
     path = _dispatch.choose_path(_op_name(is_rms, residual is not None), x, residual, weight, bias)
     if path == _dispatch.REFERENCE:
         return reference.norm_forward(x, residual, weight, bias, eps, is_rms)
@@ -56,7 +56,7 @@ def forward_impl(x, residual, weight, bias, eps: float, is_rms: bool):
 
 
 def backward_impl(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
-    """Returns (dx, dweight or empty, dbias or empty). x is the normalised input (h for add+RMS);
+    """Returns (dx, dweight or None, dbias or None). x is the normalised input (h for add+RMS);
     dh is the gradient reaching h directly (add_rms_norm's second output), added to dx."""
     name = _op_name(is_rms, dh is not None) + ".backward"
     path = _dispatch.choose_path(name, dy, dh, x, weight, bias)
@@ -65,9 +65,10 @@ def backward_impl(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     return launch.norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms)
 
 
-def norm(x, residual, weight, bias, eps: float, is_rms: bool) -> tuple[Tensor, Tensor]:
-    """(y, h or empty) with autograd, through the custom op when compiling or recorded
-    (_dispatch.through_custom_op), else directly.
+def norm(x, residual, weight, bias, eps: float, is_rms: bool) -> tuple[Tensor, Tensor | None]:
+    """(y, h; h None or empty without a residual) with autograd, through the custom op when
+    compiling or recorded (_dispatch.through_custom_op), else directly: without autograd.Function
+    when no gradient is wanted (inference), whose apply is host time for nothing then.
     weight, bias: [N] in any layout."""
     # The kernels read weight and bias as contiguous [N]. A view (every other element, a
     # 1-element tensor expanded to N) is copied here, before autograd, rather than giving every
@@ -79,22 +80,42 @@ def norm(x, residual, weight, bias, eps: float, is_rms: bool) -> tuple[Tensor, T
     if _dispatch.through_custom_op():
         y, h, _, _ = norm_fwd(x, residual, weight, bias, eps, is_rms)
         return y, h
+    if not _wants_grad(x, residual, weight, bias):
+        y, h, _, _ = forward_impl(x, residual, weight, bias, eps, is_rms)
+        return y, h
+    if residual is None:
+        return _NormFunction.apply(x, None, weight, bias, eps, is_rms), None
     return _NormFunction.apply(x, residual, weight, bias, eps, is_rms)
 
 
+def _wants_grad(*tensors: Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 class _NormFunction(torch.autograd.Function):
+    """The eager path: y alone, or (y, h) with a residual. Its backward runs on autograd's
+    device thread, so it does as little as it can: no Python beyond the launchers."""
+
     @staticmethod
     def forward(ctx, x, residual, weight, bias, eps, is_rms):
         y, h, mean, rstd = forward_impl(x, residual, weight, bias, eps, is_rms)
         _save(ctx, x, residual, weight, bias, is_rms, h, mean, rstd)
         if residual is None:
-            ctx.mark_non_differentiable(h)
+            return y
+        ctx.set_materialize_grads(False)  # an unused output's gradient: None, not a zero tensor
         return y, h
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # double backward: a clear error, not zeros
-    def backward(ctx, dy, dh):
+    def backward(ctx, dy, dh=None):
+        if torch.is_grad_enabled():  # create_graph=True: a double backward must be an error
+            return _backward_once(ctx, dy, dh)
         return _backward(ctx, dy, dh, backward_impl)
+
+
+# Double backward: a clear error when attempted, not zeros.
+_backward_once = torch.autograd.function.once_differentiable(
+    lambda ctx, dy, dh: _backward(ctx, dy, dh, backward_impl)
+)
 
 
 def _save(ctx, x, residual, weight, bias, is_rms, h, mean, rstd):
@@ -154,7 +175,10 @@ def norm_fwd(
     is_rms: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     _check_layout(x=x, residual=residual, weight=weight, bias=bias)
-    return forward_impl(x, residual, weight, bias, eps, is_rms)
+    y, h, mean, rstd = forward_impl(x, residual, weight, bias, eps, is_rms)
+    # a custom op returns tensors: empty ones for what this call has not
+    h = h if h is not None else x.new_empty(0)
+    return y, h, (mean if mean is not None else rstd.new_empty(0)), rstd
 
 
 @norm_fwd.register_fake
@@ -177,7 +201,9 @@ def norm_bwd(
     is_rms: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     _check_layout(dy=dy, dh=dh, x=x, weight=weight, bias=bias, mean=mean, rstd=rstd)
-    return backward_impl(dy, dh, x, weight, bias, mean, rstd, is_rms)
+    dx, dw, db = backward_impl(dy, dh, x, weight, bias, mean, rstd, is_rms)
+    empty = x.new_empty(0)  # a custom op returns tensors: empty ones for what it has not
+    return dx, (dw if dw is not None else empty), (db if db is not None else empty)
 
 
 @norm_bwd.register_fake
@@ -222,7 +248,12 @@ def layer_norm(
     if x.numel() == 0:
         return _empty_like_through(x, weight, bias)
     y, _ = norm(as_rows(x), None, weight, bias, eps, False)
-    return y.view(x.shape)
+    return _shaped_like(y, x)
+
+
+def _shaped_like(y: Tensor, x: Tensor) -> Tensor:
+    """The [M, N] result in x's shape; 2-D x: y itself (a view would be one more autograd node)."""
+    return y if x.dim() == 2 else y.view(x.shape)
 
 
 def _empty_like_through(x: Tensor, *params: Tensor | None) -> Tensor:
@@ -250,7 +281,7 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float | None = 1e-6) 
     if x.numel() == 0:
         return _empty_like_through(x, weight)
     y, _ = norm(as_rows(x), None, weight, None, eps, True)
-    return y.view(x.shape)
+    return _shaped_like(y, x)
 
 
 def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None, eps: float | None = 1e-6):
@@ -274,4 +305,4 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None, eps: float 
         h = x + residual
         return _empty_like_through(h, weight), h
     y, h = norm(as_rows(x), as_rows(residual), weight, None, eps, True)
-    return y.view(x.shape), h.view(x.shape)
+    return _shaped_like(y, x), _shaped_like(h, x)

@@ -54,12 +54,13 @@ def norm_forward(
     eps: float,
     is_rms: bool,
 ):
-    """x: [M, N]. Returns (y [M, N], h [M, N] or empty, mean [M] fp32 or empty, rstd [M] fp32)."""
+    """x: [M, N]. Returns (y [M, N], h [M, N] or None, mean [M] fp32 or None (RMS), rstd [M]
+    fp32), as the Triton launcher does."""
     h = x + residual if residual is not None else None
     acc = torch.promote_types(x.dtype, torch.float32)  # fp32 math, float64 stays float64
     src = (h if h is not None else x).to(acc)
     if is_rms:
-        mean = torch.zeros(0, dtype=acc, device=x.device)
+        mean = None
         rstd = torch.rsqrt((src * src).mean(-1) + eps)
         xhat = src * rstd[:, None]
     else:
@@ -71,8 +72,7 @@ def norm_forward(
         y = y * weight.to(acc)
     if bias is not None:
         y = y + bias.to(acc)
-    empty = torch.empty(0, dtype=x.dtype, device=x.device)
-    return y.to(x.dtype), (h if h is not None else empty), mean.float(), rstd.float()
+    return y.to(x.dtype), h, (mean.float() if mean is not None else None), rstd.float()
 
 
 def norm_backward(
@@ -81,15 +81,16 @@ def norm_backward(
     x: Tensor,
     weight: Tensor | None,
     bias: Tensor | None,
-    mean: Tensor,
+    mean: Tensor | None,
     rstd: Tensor,
     is_rms: bool,
 ):
     """Analytic backward in float32. x is the normalised input ([M, N]; x + residual for
-    add_rms_norm). Returns (dx, dweight or empty, dbias or empty)."""
+    add_rms_norm); mean is not read for RMS. Returns (dx, dweight or None, dbias or None)."""
     acc = torch.promote_types(x.dtype, torch.float32)
     xf, dyf = x.to(acc), dy.to(acc)
-    mean, rstd = mean.to(acc), rstd.to(acc)
+    rstd = rstd.to(acc)
+    mean = mean.to(acc) if not is_rms else None
     n = x.shape[-1]
     xhat = xf * rstd[:, None] if is_rms else (xf - mean[:, None]) * rstd[:, None]
     wdy = dyf * weight.to(acc) if weight is not None else dyf
@@ -100,7 +101,6 @@ def norm_backward(
     dx = dx * rstd[:, None]
     if dh is not None:
         dx = dx + dh.to(acc)
-    empty = torch.empty(0, dtype=x.dtype, device=x.device)
-    dw = (dyf * xhat).sum(0).to(weight.dtype) if weight is not None else empty
-    db = dyf.sum(0).to(bias.dtype) if bias is not None else empty
+    dw = (dyf * xhat).sum(0).to(weight.dtype) if weight is not None else None
+    db = dyf.sum(0).to(bias.dtype) if bias is not None else None
     return dx.to(x.dtype), dw, db

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .._launch import next_power_of_2
+from .._launch import launch, next_power_of_2
 from . import kernels as K
 
 # Elements (both halves of the pairs) per tile and warps; a [B, S] row of q and k is walked in
@@ -86,7 +86,9 @@ def rotary(
     block_hk = min(tile_heads, next_power_of_2(max(n_k, 1)))
     q_b, q_h, q_s, _ = q_in.stride()
     k_b, k_h, k_s, _ = k_in.stride()
-    K.rotary_kernel[(batch * seq,)](
+    launch(
+        K.rotary_kernel,
+        (batch * seq,),
         q_in,
         k_in,
         cos,
