@@ -19,7 +19,9 @@ def main():
     for lr in lrs:
         print(f"lr {lr:g}")
         for variant in ("naive", "clean", "fusewise"):
-            step, _, _ = make_step(cfg, variant=variant, device="cuda", dtype=torch.bfloat16, lr=lr)
+            step, _, opt = make_step(cfg, variant=variant, device="cuda", dtype=torch.bfloat16)
+            for group in opt.param_groups:
+                group["lr"] = lr
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 values = [float(step()) for _ in range(steps)]

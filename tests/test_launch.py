@@ -55,7 +55,10 @@ def test_a_runtime_parameter_after_a_constexpr_is_refused():
 def test_the_key_holds_what_triton_specializes_on():
     """Finer than or equal to Triton's own specialization: every distinction Triton makes
     (tensor dtype and 16-byte alignment; int == 1, % 16, width) gives a different key."""
-    spec = _launch._spec
+
+    def spec(a):
+        return _launch._key((a,))
+
     base = torch.zeros(64, dtype=torch.float32)
     assert spec(base) != spec(base[1:])  # 4-byte offset: not 16-byte aligned
     assert spec(base) == spec(base[4:])  # 16 bytes on: aligned again
@@ -63,6 +66,7 @@ def test_the_key_holds_what_triton_specializes_on():
     assert len({spec(1), spec(2), spec(16), spec(2**40), spec(2**40 + 1)}) == 5
     assert spec(1.0) == spec(1e30) and spec(None) != spec(1.0)
     assert spec(True) != spec(False) != spec(0)
+    assert spec(False) != spec(0.0) and spec(True) != spec(1)
     with pytest.raises(TypeError, match="unexpected argument type"):
         spec("a string")
 
@@ -98,8 +102,7 @@ def test_cached_launches_run_the_kernel_of_each_specialization():
         _check_copy("cuda", src, stride)
     keys = [key for key in _launch._compiled if key[0] is _copy_scaled_kernel]
     expected = {  # the distinct (src, n, stride) specializations among the cases
-        (_launch._spec(src), _launch._spec((src.numel() + s - 1) // s), _launch._spec(s))
-        for src, s in cases
+        _launch._key((src, (src.numel() + s - 1) // s, s)) for src, s in cases
     }
     assert len(keys) == len(expected)
 

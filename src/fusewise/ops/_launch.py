@@ -57,18 +57,32 @@ _get_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
 
 
-def _spec(a):
-    """What Triton specializes a runtime argument on, or finer: a tensor's dtype and 16-byte
-    alignment; an int's equality to 1, divisibility by 16 and width. Two calls with equal specs
-    and equal constexprs therefore run the kernel that Triton's own dispatch would pick."""
-    if isinstance(a, torch.Tensor):
-        return a.dtype, a.data_ptr() % 16 == 0
-    if a is None or isinstance(a, float):
-        return a is None
-    if isinstance(a, bool):
-        return "bool", a
-    if isinstance(a, int):
-        return a == 1, a % 16 == 0, _I32_MIN <= a <= _I32_MAX
+def _key(args: tuple) -> tuple:
+    """What Triton specializes runtime arguments on, or finer: a tensor's dtype and 16-byte
+    alignment; an int's equality to 1, divisibility by 16 and width; nothing of a float (always
+    fp32, and a learning rate changes every step); None and bools as they are. Two calls with
+    equal keys and constexprs therefore run the kernel Triton's own dispatch would pick.
+    One comprehension, not a call per argument: this runs on every launch."""
+    return tuple(
+        [
+            (a.dtype, not a.data_ptr() & 15)
+            if isinstance(a, torch.Tensor)
+            else (a == 1, not a & 15, _I32_MIN <= a <= _I32_MAX)
+            if type(a) is int
+            else _FLOAT
+            if type(a) is float
+            else a
+            if a is None or type(a) is bool
+            else _refuse(a)
+            for a in args
+        ]
+    )
+
+
+_FLOAT = "fp32"  # not 0.0: a float's key must differ from False's (0.0 == False in a tuple)
+
+
+def _refuse(a):
     raise TypeError(f"launch: unexpected argument type {type(a).__name__}")
 
 
@@ -107,7 +121,7 @@ def launch(kernel, grid: tuple, *args, **meta):
     if first is None or not first.is_cuda or _hooked():
         return kernel[grid](*args, **meta)
     device = _get_device()  # Triton launches on the current device, not the tensors' one
-    key = (kernel, device, tuple(meta.items()), *map(_spec, args))
+    key = (kernel, device, tuple(meta.items()), _key(args))
     entry = _compiled.get(key)
     if entry is None:
         compiled = kernel[grid](*args, **meta)

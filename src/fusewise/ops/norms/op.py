@@ -47,9 +47,12 @@ def _op_name(is_rms: bool, has_residual: bool) -> str:
     return "add_rms_norm" if has_residual else ("rms_norm" if is_rms else "layer_norm")
 
 
-def forward_impl(x, residual, weight, bias, eps: float, is_rms: bool):
-    """Returns (y, h = x + residual or None, mean or None (RMS), rstd); mean/rstd fp32 per row."""
-    path = _dispatch.choose_path(_op_name(is_rms, residual is not None), x, residual, weight, bias)
+def forward_impl(x, residual, weight, bias, eps: float, is_rms: bool, path: str | None = None):
+    """Returns (y, h = x + residual or None, mean or None (RMS), rstd); mean/rstd fp32 per row.
+    path: the caller's _dispatch.choose_path for these tensors, or None to choose here."""
+    if path is None:
+        name = _op_name(is_rms, residual is not None)
+        path = _dispatch.choose_path(name, x, residual, weight, bias)
     if path == _dispatch.REFERENCE:
         return reference.norm_forward(x, residual, weight, bias, eps, is_rms)
     return launch.norm_forward(x, residual, weight, bias, eps, is_rms)
@@ -98,7 +101,10 @@ class _NormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, eps, is_rms):
-        y, h, mean, rstd = forward_impl(x, residual, weight, bias, eps, is_rms)
+        name = _op_name(is_rms, residual is not None)
+        ctx.path = _dispatch.choose_path(name, x, residual, weight, bias)
+        ctx.backward_name = name + ".backward"
+        y, h, mean, rstd = forward_impl(x, residual, weight, bias, eps, is_rms, ctx.path)
         _save(ctx, x, residual, weight, bias, is_rms, h, mean, rstd)
         if residual is None:
             return y
@@ -107,15 +113,14 @@ class _NormFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, dh=None):
+        # The forward's path holds: the gradients have y's device and dtype (autograd sees to
+        # it), the rest are the forward's own tensors. Choosing again would cost host time on
+        # autograd's device thread for the same answer.
+        _dispatch.record_path(ctx.backward_name, ctx.path)
+        impl = reference.norm_backward if ctx.path == _dispatch.REFERENCE else launch.norm_backward
         if torch.is_grad_enabled():  # create_graph=True: a double backward must be an error
-            return _backward_once(ctx, dy, dh)
-        return _backward(ctx, dy, dh, backward_impl)
-
-
-# Double backward: a clear error when attempted, not zeros.
-_backward_once = torch.autograd.function.once_differentiable(
-    lambda ctx, dy, dh: _backward(ctx, dy, dh, backward_impl)
-)
+            return _backward_once(ctx, dy, dh, impl)
+        return _backward(ctx, dy, dh, impl)
 
 
 def _save(ctx, x, residual, weight, bias, is_rms, h, mean, rstd):
@@ -139,6 +144,10 @@ def _backward(ctx, dy, dh, impl):
         None,
         None,
     )
+
+
+# Double backward: a clear error when attempted, not zeros.
+_backward_once = torch.autograd.function.once_differentiable(_backward)
 
 
 def _rows(t: Tensor | None) -> Tensor | None:
