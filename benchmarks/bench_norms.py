@@ -85,7 +85,7 @@ def _outputs(out):
     return out if isinstance(out, tuple) else (out,)
 
 
-def bench_one(fn, op, mode, m, n, dtype, device):
+def bench_one(fn, op, mode, m, n, dtype, device, graphed=False):
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(m, n, device=device, dtype=dtype, generator=g)
     r = torch.randn(m, n, device=device, dtype=dtype, generator=g) if op == "add_rms_norm" else None
@@ -111,9 +111,27 @@ def bench_one(fn, op, mode, m, n, dtype, device):
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
+    if graphed:
+        run = _graphed(run)
     ms = triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")
     peak = torch.cuda.max_memory_allocated() - base
     return ms, peak
+
+
+def _graphed(run):
+    """The kernels alone: run captured in a CUDA graph (warmed up on a side stream first), its
+    replay timed. Against the eager timing of the same run this separates a host problem from a
+    kernel problem (issue #14)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return graph.replay
 
 
 def main(argv=None):
@@ -124,6 +142,15 @@ def main(argv=None):
     p.add_argument("--widths", default=",".join(map(str, WIDTHS)))
     p.add_argument("--providers", default="fusewise,torch,compile,liger,naive")
     p.add_argument("--csv", default=None, help="append rows to this CSV")
+    p.add_argument(
+        "--elements", type=int, default=ELEMENTS, help="M·N (M = elements // width), 2**27"
+    )
+    p.add_argument(
+        "--timings",
+        default="eager",
+        help="eager (host included), graph (the kernels alone: CUDA-graph replay), or both: "
+        "eager,graph; graph rows have mode fwd+graph / fwd_bwd+graph",
+    )
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench_norms.py times GPU kernels; no CUDA device is present")
@@ -142,49 +169,55 @@ def main(argv=None):
         dtype = DTYPES[dname]
         for op in a.ops.split(","):
             for n in map(int, a.widths.split(",")):
-                m = max(1, ELEMENTS // n)
+                m = max(1, a.elements // n)
                 for mode in a.modes.split(","):
-                    c = cost.norm(op, m, n, dtype)
-                    if mode == "fwd_bwd":
-                        c = c + cost.norm(op, m, n, dtype, backward=True)
                     for prov, fns in provs.items():
                         if prov == "naive" and n > 65536 and mode == "fwd_bwd":
                             continue  # minutes of eager autograd at 2**27 elements: nothing new
-                        try:
-                            ms, peak = bench_one(fns[op], op, mode, m, n, dtype, device)
-                        except (
-                            Exception
-                        ) as e:  # a peer that cannot run a shape is reported, not fatal
-                            what = f"{prov} {op} {mode} {m}x{n} {dname}"
-                            print(
-                                f"# {what}: failed ({type(e).__name__}: "
-                                f"{str(e).splitlines()[0][:120]})"
-                            )
-                            continue
-                        gbps = c.bytes / ms / 1e6
-                        rows.append(
-                            _rows.row(
+                        for timing in a.timings.split(","):
+                            row = _measure(
+                                fns[op],
                                 op,
-                                prov,
                                 mode,
-                                f"{m}x{n}",
+                                timing,
+                                prov,
+                                m,
+                                n,
                                 dname,
-                                ms,
-                                gbps,
-                                100 * gbps / copy_gbps,
-                                peak,
-                                commit_id=commit,
+                                dtype,
+                                copy_gbps,
+                                commit,
                             )
-                        )
-                        print(
-                            f"{op:13s} {mode:7s} {dname:4s} {m:>7d}x{n:<7d} {prov:9s} "
-                            f"{ms:8.4f} ms {gbps:8.0f} GB/s {100 * gbps / copy_gbps:5.1f}%",
-                            flush=True,
-                        )
+                            if row is not None:
+                                rows.append(row)
                     torch.cuda.empty_cache()
     if a.csv:
         _rows.append_csv(a.csv, rows)
     _summary(rows)
+
+
+def _measure(fn, op, mode, timing, prov, m, n, dname, dtype, copy_gbps, commit):
+    """One row, or None when the provider cannot run the case (printed, not fatal)."""
+    c = cost.norm(op, m, n, dtype)
+    if mode == "fwd_bwd":
+        c = c + cost.norm(op, m, n, dtype, backward=True)
+    label = mode if timing == "eager" else f"{mode}+graph"
+    try:
+        ms, peak = bench_one(fn, op, mode, m, n, dtype, torch.device("cuda"), timing == "graph")
+    except Exception as e:  # a peer that cannot run a shape (or be captured) is reported
+        print(
+            f"# {prov} {op} {label} {m}x{n} {dname}: failed ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:120]})"
+        )
+        return None
+    gbps = c.bytes / ms / 1e6
+    pct = 100 * gbps / copy_gbps
+    print(
+        f"{op:13s} {label:13s} {dname:4s} {m:>7d}x{n:<7d} {prov:9s} "
+        f"{ms:8.4f} ms {gbps:8.0f} GB/s {pct:5.1f}%",
+        flush=True,
+    )
+    return _rows.row(op, prov, label, f"{m}x{n}", dname, ms, gbps, pct, peak, commit_id=commit)
 
 
 def _summary(rows):

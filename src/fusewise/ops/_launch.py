@@ -55,6 +55,9 @@ _compiled: dict = {}
 _get_device = getattr(torch._C, "_cuda_getDevice", None)
 _get_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
+# The launcher's arguments were read from Triton 3.6's and 3.9's NVIDIA driver (the same in
+# both); ROCm's (torch.version.hip, where tensors also say is_cuda) was not checked.
+_DIRECT = torch.version.hip is None
 
 
 def _key(args: tuple) -> tuple:
@@ -118,7 +121,7 @@ def launch(kernel, grid: tuple, *args, **meta):
     first = args[0]
     if not isinstance(first, torch.Tensor):  # an optional buffer passed as None
         first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-    if first is None or not first.is_cuda or _hooked():
+    if first is None or not first.is_cuda or not _DIRECT or _hooked():
         return kernel[grid](*args, **meta)
     device = _get_device()  # Triton launches on the current device, not the tensors' one
     key = (kernel, device, tuple(meta.items()), _key(args))
