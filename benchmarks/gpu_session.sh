@@ -2,7 +2,7 @@
 # One GPU call of a session: GPU tests and the predicted-vs-measured pairs. Tables to stdout;
 # CSV, logs and the pairs' observations under $OUT.
 # Usage (in the device command): FUSEWISE_COMMIT=<sha> TESTS="tests/a.py ..." \
-#   bash benchmarks/gpu_session.sh [serial] [tests] [replay] [capture] [pairs]
+#   bash benchmarks/gpu_session.sh [serial] [tests] [replay] [capture] [demo] [host] [pairs]
 #   (.whl carried: Liger and CCE for tests; serial: SERIAL_TESTS without xdist, for tests that
 #   time a launch-bound step and fail when other processes share the GPU)
 set -u
@@ -26,6 +26,19 @@ for what in "$@"; do
       grep -E "^---|^rule" "$OUT/replay_check.txt" ;;
     capture)
       timeout 170 python benchmarks/capture_overhead.py 2>&1 | grep -v USDT | tail -8 ;;
+    demo)
+      timeout 240 python -m fusewise demo 2>&1 | grep -v USDT > "$OUT/demo.txt"
+      tail -4 "$OUT/demo.txt" ;;
+    host)
+      timeout 120 python benchmarks/host_overhead.py --csv "$OUT/host_overhead.csv" 2>&1 \
+        | grep -v USDT | tee "$OUT/host_overhead.txt"
+      for elements in 32768 134217728; do
+        timeout 150 python benchmarks/bench_norms.py --ops layer_norm,rms_norm --dtypes bf16 \
+          --widths 4096,16384 --elements $elements --providers fusewise,torch,liger \
+          --timings eager,graph --csv "$OUT/bench_norms_modes.csv" 2>&1 | grep -v USDT \
+          > "$OUT/bench_norms_modes_$elements.txt"
+        sed -n '/# summary/,$p' "$OUT/bench_norms_modes_$elements.txt"
+      done ;;
     pairs)
       (cd benchmarks && timeout ${PAIRS_S:-300} python predict_pairs.py --configs demo \
         --rounds ${ROUNDS:-8} --dump-obs "$OUT/pairs_obs.pkl.gz" 2>&1 | grep -v USDT | tail -13)

@@ -5,6 +5,7 @@ misaligned tensors, on ints that Triton specializes (1, multiples of 16) and oth
 
 import importlib
 
+import numpy as np
 import pytest
 import torch
 import triton
@@ -67,8 +68,9 @@ def test_the_key_holds_what_triton_specializes_on():
     assert spec(1.0) == spec(1e30) and spec(None) != spec(1.0)
     assert spec(True) != spec(False) != spec(0)
     assert spec(False) != spec(0.0) and spec(True) != spec(1)
-    with pytest.raises(TypeError, match="unexpected argument type"):
-        spec("a string")
+    assert len({spec(2**31 - 16), spec(2**31), spec(2**63)}) == 3  # i32, i64, u64
+    with pytest.raises(_launch._Unkeyable):
+        spec(np.float64(1.0))
 
 
 @triton.jit
@@ -108,10 +110,11 @@ def test_cached_launches_run_the_kernel_of_each_specialization():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_a_launch_hook_takes_tritons_own_path(monkeypatch):
+@pytest.mark.parametrize("which", ["launch_enter_hook", "launch_exit_hook"])
+def test_a_launch_hook_takes_tritons_own_path(which):
     """Proton or a user's hook must see every launch: launch() then calls kernel[grid](...)."""
     seen = []
-    hook = triton.knobs.runtime.launch_enter_hook
+    hook = getattr(triton.knobs.runtime, which)
     hook.add(seen.append)
     try:
         src = torch.randn(256, device="cuda")

@@ -191,6 +191,40 @@ def test_double_backward_is_a_clear_error(device):
         dx.sum().backward()
 
 
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "add_rms_norm"])
+def test_forward_mode_ad_is_refused_not_dropped(op, device):
+    """Dual tensors do not require grad: without the Function the kernels would run on the
+    primal and the tangent would vanish. The ops have no jvp, and must say so."""
+    import torch.autograd.forward_ad as fwAD
+
+    x, t = torch.randn(4, 16, device=device), torch.randn(4, 16, device=device)
+    w = torch.randn(16, device=device)
+    call = {
+        "layer_norm": lambda x: fusewise.ops.layer_norm(x, w),
+        "rms_norm": lambda x: fusewise.ops.rms_norm(x, w),
+        "add_rms_norm": lambda x: fusewise.ops.add_rms_norm(x, torch.randn_like(x), w)[0],
+    }[op]
+    with fwAD.dual_level(), pytest.raises((NotImplementedError, RuntimeError), match="jvp"):
+        call(fwAD.make_dual(x, t))
+
+
+def test_add_rms_norm_with_only_the_sum_used_passes_its_gradient_through(device):
+    """h = x + residual reaches the loss and y does not: x and residual get h's gradient as it
+    is, and the weight gets none (as torch's unfused code leaves it), with no kernel run."""
+    x = torch.randn(4, 16, device=device, requires_grad=True)
+    r = torch.randn(4, 16, device=device, requires_grad=True)
+    w = torch.randn(16, device=device, requires_grad=True)
+    _, h = fusewise.ops.add_rms_norm(x, r, w)
+    g = torch.randn_like(h)
+    h.backward(g)
+    torch.testing.assert_close(x.grad, g, rtol=0, atol=0)
+    torch.testing.assert_close(r.grad, g, rtol=0, atol=0)
+    assert w.grad is None
+    y, h = fusewise.ops.add_rms_norm(x, r, w)  # and both used: the weight gets its gradient
+    (y.sum() + h.sum()).backward()
+    assert w.grad is not None and w.grad.abs().sum() > 0
+
+
 def test_paths_report_the_kernel(device):
     fusewise.ops.add_rms_norm(
         torch.randn(2, 8, device=device), torch.randn(2, 8, device=device), None

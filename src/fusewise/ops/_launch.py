@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 from triton import knobs
+from triton.runtime.jit import JITFunction
 
 
 @functools.cache
@@ -54,7 +55,7 @@ _compiled: dict = {}
 # What Triton's driver asks torch for (absent from CPU builds, which never see a CUDA tensor).
 _get_device = getattr(torch._C, "_cuda_getDevice", None)
 _get_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-_I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
+_I32_MIN, _I32_MAX, _I64_MAX = -(2**31), 2**31 - 1, 2**63 - 1  # i32, i64, u64 beyond
 # The launcher's arguments were read from Triton 3.6's and 3.9's NVIDIA driver (the same in
 # both); ROCm's (torch.version.hip, where tensors also say is_cuda) was not checked.
 _DIRECT = torch.version.hip is None
@@ -63,14 +64,15 @@ _DIRECT = torch.version.hip is None
 def _key(args: tuple) -> tuple:
     """What Triton specializes runtime arguments on, or finer: a tensor's dtype and 16-byte
     alignment; an int's equality to 1, divisibility by 16 and width; nothing of a float (always
-    fp32, and a learning rate changes every step); None and bools as they are. Two calls with
+    fp32, and a learning rate changes every step); None and bools as they are; anything else
+    raises _Unkeyable. Two calls with
     equal keys and constexprs therefore run the kernel Triton's own dispatch would pick.
     One comprehension, not a call per argument: this runs on every launch."""
     return tuple(
         [
             (a.dtype, not a.data_ptr() & 15)
             if isinstance(a, torch.Tensor)
-            else (a == 1, not a & 15, _I32_MIN <= a <= _I32_MAX)
+            else (a == 1, not a & 15, _I32_MIN <= a <= _I32_MAX, a > _I64_MAX)
             if type(a) is int
             else _FLOAT
             if type(a) is float
@@ -85,8 +87,13 @@ def _key(args: tuple) -> tuple:
 _FLOAT = "fp32"  # not 0.0: a float's key must differ from False's (0.0 == False in a tuple)
 
 
+class _Unkeyable(Exception):
+    """An argument of a type _key does not know (a numpy scalar, an int subclass): launch()
+    leaves that call to Triton's own path."""
+
+
 def _refuse(a):
-    raise TypeError(f"launch: unexpected argument type {type(a).__name__}")
+    raise _Unkeyable(type(a).__name__)
 
 
 def _constexpr_tail(kernel, meta: dict) -> tuple:
@@ -110,27 +117,47 @@ def _constexpr_tail(kernel, meta: dict) -> tuple:
 
 def _hooked() -> bool:
     """A launch hook (Proton, a user's) needs Triton's own path, which calls it."""
-    hook = knobs.runtime.launch_enter_hook
-    return hook is not None and bool(getattr(hook, "calls", True))
+    runtime = knobs.runtime
+    return any(
+        hook is not None and bool(getattr(hook, "calls", True))
+        for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook)
+    )
 
 
 def launch(kernel, grid: tuple, *args, **meta):
     """kernel[grid](*args, **meta), with the same kernel and arguments, for a CUDA launch at a
-    fraction of the host cost; under the interpreter (CPU tensors) or with launch hooks set it
-    is exactly kernel[grid](*args, **meta)."""
+    fraction of the host cost. It is exactly kernel[grid](*args, **meta) under the interpreter
+    (CPU tensors, or a kernel decorated while TRITON_INTERPRET=1 was set), with launch hooks set,
+    while torch.compile traces (compiled autograd tracing an eager backward: Dynamo knows
+    kernel[grid], not this), and for an argument type _key does not know.
+    What the direct path does not redo after a specialization's first launch: Triton's
+    pre-run hooks (fusewise's kernels have none), its check that the kernel's globals have not
+    changed (they are module constants), and its reading of runtime knobs (TRITON_DEBUG and the
+    like, read when the kernel is compiled: set them before the first launch)."""
     first = args[0]
     if not isinstance(first, torch.Tensor):  # an optional buffer passed as None
         first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-    if first is None or not first.is_cuda or not _DIRECT or _hooked():
+    if (
+        first is None
+        or not first.is_cuda
+        or not _DIRECT
+        or not isinstance(kernel, JITFunction)
+        or _hooked()
+        or torch.compiler.is_compiling()
+    ):
         return kernel[grid](*args, **meta)
     device = _get_device()  # Triton launches on the current device, not the tensors' one
-    key = (kernel, device, tuple(meta.items()), _key(args))
+    try:
+        key = (kernel, device, tuple(meta.items()), _key(args))
+    except _Unkeyable:
+        return kernel[grid](*args, **meta)
     entry = _compiled.get(key)
     if entry is None:
         compiled = kernel[grid](*args, **meta)
         if hasattr(compiled, "result"):  # a future under asynchronous compilation
             compiled = compiled.result()
-        _compiled[key] = compiled, _constexpr_tail(kernel, meta)
+        if compiled is not None and hasattr(compiled, "run"):
+            _compiled[key] = compiled, _constexpr_tail(kernel, meta)
         return compiled
     compiled, tail = entry
     n = len(grid)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
 from .. import _dispatch
 from . import launch, reference
@@ -92,6 +93,11 @@ def norm(x, residual, weight, bias, eps: float, is_rms: bool) -> tuple[Tensor, T
 
 
 def _wants_grad(*tensors: Tensor | None) -> bool:
+    """A gradient of any kind may be asked for: backward (grad mode and an input that requires
+    grad), or forward-mode AD (a dual level is open: dual tensors do not require grad, and the
+    Function is what says that the op has no jvp, rather than dropping the tangent)."""
+    if getattr(forward_ad, "_current_level", -1) >= 0:
+        return True
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
@@ -130,10 +136,14 @@ def _save(ctx, x, residual, weight, bias, is_rms, h, mean, rstd):
 
 
 def _backward(ctx, dy, dh, impl):
+    dh = dh if ctx.has_residual else None
+    if dy is None and dh is not None:
+        # Only h = x + residual reached the loss: its gradient passes to x and residual as it
+        # is, and y's parameters get none (None, as torch's unfused code would leave them).
+        return dh, dh, None, None, None, None
     x, weight, bias, mean, rstd = ctx.saved_tensors
     if dy is None:
         dy = torch.zeros_like(x)
-    dh = dh if ctx.has_residual else None
     dx, dw, db = impl(_rows(dy), _rows(dh), x, weight, bias, mean, rstd, ctx.is_rms)
     dres = dx if ctx.has_residual else None
     return (
