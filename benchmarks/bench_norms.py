@@ -100,8 +100,11 @@ def bench_one(fn, op, mode, m, n, dtype, device, graphed=False):
             run = lambda: fn(x, r, w, b)  # noqa: E731
     else:
         leaves = [t.requires_grad_() for t in (x, r, w, b) if t is not None]
-        outs = _outputs(fn(x, r, w, b))
-        grads = [torch.randn_like(o) for o in outs]
+        # The outputs die here with their graph: a graph kept alive keeps the leaves'
+        # AccumulateGrad nodes of the default stream, which a CUDA-graph capture cannot wait on
+        # (torch's "AccumulateGrad node's stream does not match" warning; the first capture of
+        # 125eab1's run failed so and spoilt the process's later ones).
+        grads = [torch.randn_like(o) for o in _outputs(fn(x, r, w, b))]
 
         def run():
             o = _outputs(fn(x, r, w, b))
