@@ -1,4 +1,5 @@
-"""What every benchmark writes: the commit it measured and long-format CSV rows."""
+"""What every benchmark writes (the commit it measured and long-format CSV rows), and the
+CUDA-graph capture the benchmarks time the kernels alone with."""
 
 import csv
 import os
@@ -49,3 +50,20 @@ def row(op, provider, mode, shape, dtype, ms, value, pct="", peak="", *, commit_
         commit=commit_id or commit(),
         date=datetime.date.today().isoformat(),
     )
+
+
+def graph_replay(run):
+    """run captured in a CUDA graph, warmed up on a side stream first as torch.cuda.graphs asks:
+    timing its replay times the kernels without the host's launches."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return graph.replay

@@ -115,26 +115,10 @@ def bench_one(fn, op, mode, m, n, dtype, device, graphed=False):
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     if graphed:
-        run = _graphed(run)
+        run = _rows.graph_replay(run)  # the kernels alone (issue #14: host or kernel?)
     ms = triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")
     peak = torch.cuda.max_memory_allocated() - base
     return ms, peak
-
-
-def _graphed(run):
-    """The kernels alone: run captured in a CUDA graph (warmed up on a side stream first), its
-    replay timed. Against the eager timing of the same run this separates a host problem from a
-    kernel problem (issue #14)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    return graph.replay
 
 
 def main(argv=None):

@@ -144,16 +144,7 @@ def bench_one(fn, mode, shape, dtype, device):
     if timing == "graph":
         if not cuda:
             raise RuntimeError("CUDA graphs need a GPU")
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graphs asks
-            for _ in range(3):
-                run()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            run()
-        run = graph.replay
+        run = _rows.graph_replay(run)
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

@@ -7,13 +7,12 @@ python benchmarks/host_breakdown.py
 import time
 
 import torch
+from host_overhead import M, N, inputs  # benchmarks/ is on sys.path when run as a script
 
 import fusewise
 from fusewise.ops import _launch
 from fusewise.ops.norms import kernels as K
 from fusewise.ops.norms import launch, op
-
-M, N = 8, 4096
 
 
 def host_us(fn, n=2000, rounds=5):
@@ -44,11 +43,7 @@ class _Identity(torch.autograd.Function):
 
 
 def pieces():
-    kw = dict(device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(M, N, **kw, requires_grad=True)
-    w = torch.randn(N, **kw, requires_grad=True)
-    b = torch.randn(N, **kw, requires_grad=True)
-    dy = torch.randn(M, N, **kw)
+    x, w, b, dy = inputs()
     xd, wd, bd = x.detach(), w.detach(), b.detach()
     y = torch.empty_like(xd)
     mean = torch.empty(M, device="cuda")
@@ -117,7 +112,7 @@ def pieces():
     except ImportError:
         pass
     return extra | {
-        "torch.empty [8, 4096] bf16": lambda: torch.empty((M, N), **kw),
+        "torch.empty [8, 4096] bf16": lambda: torch.empty((M, N), dtype=x.dtype, device="cuda"),
         "fwd kernel launch, kernel[grid](...)": lambda: K.norm_fwd_block_kernel[grid](
             *fwd_args, **fwd_meta
         ),

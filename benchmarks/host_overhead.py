@@ -32,12 +32,17 @@ def host_us(fn, n=500, warmup=30):
     return (time.perf_counter() - t) / n * 1e6
 
 
-def cases():
+def inputs():
+    """x, weight, bias (leaves that require grad), dy: [M, N] / [N] bf16 on the GPU."""
     kw = dict(device="cuda", dtype=torch.bfloat16)
     x = torch.randn(M, N, **kw, requires_grad=True)
     w = torch.randn(N, **kw, requires_grad=True)
     b = torch.randn(N, **kw, requires_grad=True)
-    dy = torch.randn(M, N, **kw)
+    return x, w, b, torch.randn(M, N, **kw)
+
+
+def cases():
+    x, w, b, dy = inputs()
     xd, wd, bd = x.detach(), w.detach(), b.detach()
 
     def fwd_bwd(f, *params):
