@@ -23,7 +23,7 @@ from .verify import check_losses, compare, interleave_steps
 # make_step's 1e-3 is too high for the GPU demo's model on one fixed batch: every variant's loss
 # (torch's fused AdamW too) fell to ~2 by the 5th step and jumped to 4-6 at the 6th on the H200,
 # so the naive and fused trajectories parted by 4x there, chaos rather than a wrong kernel. At
-# 3e-4 the loss falls smoothly and they agree within 0.3% over 10 steps
+# 3e-4 the loss falls smoothly and they agree within 0.4% over 10 steps
 # (benchmarks/results/h200_demo_losses.txt). The step's time does not depend on it.
 DEMO_LR = 3e-4
 

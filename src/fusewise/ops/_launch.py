@@ -65,9 +65,9 @@ def _key(args: tuple) -> tuple:
     """What Triton specializes runtime arguments on, or finer: a tensor's dtype and 16-byte
     alignment; an int's equality to 1, divisibility by 16 and width; nothing of a float (always
     fp32, and a learning rate changes every step); None and bools as they are; anything else
-    raises _Unkeyable. Two calls with
-    equal keys and constexprs therefore run the kernel Triton's own dispatch would pick.
-    One comprehension, not a call per argument: this runs on every launch."""
+    raises _Unkeyable. Two calls with equal keys and constexprs therefore run the kernel Triton's
+    own dispatch would pick. One comprehension, not a call per argument: this runs on every
+    launch."""
     return tuple(
         [
             (a.dtype, not a.data_ptr() & 15)
