@@ -4,6 +4,7 @@ GPU its cached path must pick the kernel Triton would: the same results on align
 misaligned tensors, on ints that Triton specializes (1, multiples of 16) and others."""
 
 import importlib
+import pathlib
 
 import numpy as np
 import pytest
@@ -19,10 +20,12 @@ FAMILIES = ("norms", "adamw", "gated", "linear_ce", "rotary")
 
 def _kernels():
     for family in FAMILIES:
-        module = importlib.import_module(f"fusewise.ops.{family}.kernels")
-        for name, obj in vars(module).items():
-            if name.endswith("_kernel") and hasattr(obj, "fn"):
-                yield f"{family}.{name}", obj
+        package = importlib.import_module(f"fusewise.ops.{family}")
+        for path in sorted(pathlib.Path(package.__file__).parent.glob("kernels*.py")):
+            module = importlib.import_module(f"fusewise.ops.{family}.{path.stem}")
+            for name, obj in vars(module).items():
+                if name.endswith("_kernel") and hasattr(obj, "fn"):
+                    yield f"{family}.{name}", obj
 
 
 @pytest.mark.parametrize(

@@ -69,6 +69,29 @@ def test_wide_path(op, dname, device, monkeypatch):
     check(op, make_inputs(op, (9, 1823), dtype, device), SLACK[dtype])
 
 
+@pytest.mark.parametrize("dname", ["fp32", "bf16"])
+@pytest.mark.parametrize("op", OPS)
+def test_split_backward_at_block_widths(op, dname, device, monkeypatch):
+    """The split backward (row sums, then [rows, column block] tiles) on rows the fused kernel
+    could hold, reached by lowering its threshold: chunked row sums, several column blocks with
+    a ragged last one, several row groups with a ragged last one."""
+    for name, value in [("SPLIT_MIN_N_LN", 1), ("SPLIT_MIN_N_RMS", 1), ("TILES_N", 64)]:
+        monkeypatch.setattr(norm_launch, name, value)
+    monkeypatch.setattr(norm_launch, "SUMS_CHUNK", 128)
+    assert norm_launch.use_split_backward(300, is_rms=True)
+    assert not norm_launch.use_wide_path(300, backward=True)
+    dtype = DTYPES[dname]
+    check(op, make_inputs(op, (45, 300), dtype, device), SLACK[dtype])
+
+
+def test_backward_paths_by_width():
+    """Which backward each width takes with the shipped thresholds."""
+    for n, is_rms in [(256, True), (8192, False), (16384, True)]:
+        assert not norm_launch.use_split_backward(n, is_rms), (n, is_rms)
+    for n, is_rms in [(16384, False), (32768, True), (262144, False)]:
+        assert norm_launch.use_split_backward(n, is_rms), (n, is_rms)
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_wide_row_at_real_limits(op, device):
     """65,537 elements: past the forward and backward block limits, with the shipped chunking."""

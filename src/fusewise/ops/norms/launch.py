@@ -13,6 +13,7 @@ import torch
 
 from .._launch import cdiv, launch, next_power_of_2, sm_count
 from . import kernels as K
+from . import kernels_bwd as KB
 
 # Widest row the block path keeps in registers (fp32 values per thread stay <= 32 at 16 warps).
 # Wider rows take the chunked wide path. Module-level so tests can lower it to reach that path
@@ -38,8 +39,22 @@ FWD_ELEMENTS_PER_THREAD = 16
 BWD_ELEMENTS_PER_THREAD = 16
 MAX_WARPS_FWD = 16
 MAX_WARPS_BWD = 16
+MAX_WARPS_BWD_WIDE = 32  # rows of MAX_BLOCK_N elements
 PREFETCH_MAX_N = 8192  # wider rows: no software prefetch in the backward (registers spill)
 BWD_PROGRAMS_PER_SM = 2  # persistent backward: programs per multiprocessor
+# Split backward (kernels_bwd.py): rows at least this wide, and every row past MAX_BLOCK_N. At
+# these widths a row's tiles and its weight-gradient accumulators do not fit the registers
+# together, and the fused kernel spills.
+SPLIT_MIN_N_LN = 16384
+SPLIT_MIN_N_RMS = 32768
+SUMS_CHUNK = 4096  # row sums: chunk of a row, elements per program's tile, warps
+SUMS_TILE = 4096
+SUMS_WARPS = 8
+TILES_M = 16  # dx and weight-gradient tiles: rows, columns, warps
+TILES_N = 512
+TILES_WARPS = 8
+TILES_WAVES = 4  # programs per multiprocessor the grid aims at
+WIDE_BACKWARD = "split"  # sweep only: "rows" runs the one-program-per-row wide kernels
 
 
 def alloc(shape, dtype, device) -> torch.Tensor:
@@ -66,14 +81,18 @@ def block_config(n: int, backward: bool = False, is_rms: bool = True) -> tuple[i
     block_m = max(1, tile // block_n)
     elements = block_m * block_n
     max_warps = MAX_WARPS_BWD if backward else MAX_WARPS_FWD
-    if backward and block_n > PREFETCH_MAX_N:
-        max_warps = 32  # one row per program without prefetch: as many loads in flight as fit
+    if backward and block_n >= MAX_BLOCK_N:
+        max_warps = MAX_WARPS_BWD_WIDE  # one row per program: as many loads in flight as fit
     num_warps = min(max_warps, max(4, elements // (32 * per_thread)))
     return block_m, block_n, num_warps
 
 
 def use_wide_path(n: int, backward: bool = False) -> bool:
     return n > (MAX_BLOCK_N if backward else MAX_BLOCK_N_FWD)
+
+
+def use_split_backward(n: int, is_rms: bool) -> bool:
+    return n > MAX_BLOCK_N or n >= (SPLIT_MIN_N_RMS if is_rms else SPLIT_MIN_N_LN)
 
 
 def _partials(rows: int, n: int, has_w: bool, has_b: bool, dev):
@@ -166,9 +185,11 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     dh_arg = dh if dh is not None else dy
     if mean is None:  # RMS: the kernels never read it; any fp32 buffer holds the place
         mean = rstd
-    if use_wide_path(n, backward=True):
+    if use_split_backward(n, is_rms) and not (WIDE_BACKWARD == "rows" and n > MAX_BLOCK_N):
+        dw_part, db_part = _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms, dx)
+    elif use_wide_path(n, backward=True):
         launch(
-            K.norm_bwd_wide_dx_kernel,
+            KB.norm_bwd_wide_dx_kernel,
             (m,),
             x,
             weight,
@@ -194,7 +215,7 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
         rows_per_group = cdiv(m, groups)
         dw_part, db_part = _partials(groups, n, has_w, has_b, dev)
         launch(
-            K.norm_bwd_wide_dw_kernel,
+            KB.norm_bwd_wide_dw_kernel,
             (cdiv(n, block_n), groups),
             x,
             dy,
@@ -221,7 +242,7 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
         programs = min(n_tiles, per_sm * _programs_per_wave(dev))
         dw_part, db_part = _partials(programs, n, has_w, has_b, dev)
         launch(
-            K.norm_bwd_block_kernel,
+            KB.norm_bwd_block_kernel,
             (programs,),
             x,
             weight,
@@ -251,6 +272,69 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     return dx, *_finish_weight_grads(dw_part, db_part, weight, bias, dev)
 
 
+def _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms: bool, dx):
+    """Row sums, then dx and the weight-gradient partials by [rows, column block] tiles."""
+    m, n = x.shape
+    dev = x.device
+    has_w, has_b = weight is not None, bias is not None
+    sums = alloc((1 if is_rms else 2, m), torch.float32, dev)
+    chunk = min(next_power_of_2(n), SUMS_CHUNK)
+    rows = max(1, SUMS_TILE // chunk)
+    flags = dict(IS_RMS=is_rms, HAS_W=has_w)
+    launch(
+        KB.norm_bwd_row_sums_kernel,
+        (cdiv(m, rows),),
+        x,
+        weight,
+        dy,
+        mean,
+        rstd,
+        sums,
+        m,
+        n,
+        x.stride(0),
+        dy.stride(0),
+        BLOCK_M=rows,
+        BLOCK_N=chunk,
+        num_warps=SUMS_WARPS,
+        **flags,
+    )
+    block_n = min(next_power_of_2(n), TILES_N)
+    column_blocks = cdiv(n, block_n)
+    groups = max(1, min(cdiv(m, TILES_M), TILES_WAVES * _programs_per_wave(dev) // column_blocks))
+    rows_per_group = cdiv(cdiv(m, groups), TILES_M) * TILES_M  # whole tiles per group
+    groups = cdiv(m, rows_per_group)
+    dw_part, db_part = _partials(groups, n, has_w, has_b, dev)
+    dh_arg = dh if dh is not None else dy
+    launch(
+        KB.norm_bwd_tiles_kernel,
+        (column_blocks, groups),
+        x,
+        weight,
+        dy,
+        dh_arg,
+        dx,
+        mean,
+        rstd,
+        sums,
+        dw_part,
+        db_part,
+        m,
+        n,
+        x.stride(0),
+        dy.stride(0),
+        dh_arg.stride(0),
+        rows_per_group,
+        HAS_B=has_b,
+        HAS_DH=dh is not None,
+        BLOCK_M=TILES_M,
+        BLOCK_N=block_n,
+        num_warps=TILES_WARPS,
+        **flags,
+    )
+    return dw_part, db_part
+
+
 def _finish_weight_grads(dw_part, db_part, weight, bias, dev):
     """Second stage of the weight-gradient reduction (fixed order, fp32), one launch."""
     dw = alloc(weight.shape, weight.dtype, dev) if weight is not None else None
@@ -260,7 +344,7 @@ def _finish_weight_grads(dw_part, db_part, weight, bias, dev):
         return None, None
     n = part.shape[1]
     launch(
-        K.sum_partials_kernel,
+        KB.sum_partials_kernel,
         (cdiv(n, 128),),
         dw_part,
         db_part,

@@ -1,0 +1,386 @@
+"""Triton kernels of the norms' backward (LayerNorm, RMSNorm, add+RMSNorm; the forward is in
+kernels.py). dx = rstd·(w·dy − x̂·mean(x̂·w·dy) − mean(w·dy)) (RMS: no last term); dweight =
+Σ_rows dy·x̂ and dbias = Σ_rows dy, reduced in two stages in a fixed order (deterministic, no
+atomics): per-program fp32 partial rows, then sum_partials_kernel.
+
+Two shapes of work:
+  * fused (norm_bwd_block_kernel): persistent programs hold whole rows and the partial weight
+    gradients in registers, so x and dy are read once and dx written once.
+  * split (norm_bwd_row_sums_kernel, then norm_bwd_tiles_kernel): for rows too wide for the
+    registers to hold a row's tiles and its weight-gradient accumulators together. The first
+    kernel reads x and dy for the two row sums; the second walks [rows, column block] tiles,
+    writing dx and accumulating the weight gradients of its columns. x and dy are read twice.
+Row offsets are int64 so tensors past 2**31 elements index correctly.
+"""
+
+import triton
+import triton.language as tl
+
+from .._launch import round_to as _round
+
+
+@triton.jit
+def _dx_tile(x, dy, w, mean, rstd, mask, N, IS_RMS: tl.constexpr, HAS_W: tl.constexpr):
+    """dx = rstd·(w·dy − x̂·mean(x̂·w·dy) − mean(w·dy)) for a tile of whole rows; also returns x̂."""
+    xhat = x * rstd[:, None] if IS_RMS else (x - mean[:, None]) * rstd[:, None]
+    xhat = tl.where(mask, xhat, 0.0)
+    wdy = dy * w[None, :] if HAS_W else dy
+    c1 = tl.sum(xhat * wdy, axis=1) / N
+    dx = wdy - xhat * c1[:, None]
+    if not IS_RMS:
+        dx -= (tl.sum(wdy, axis=1) / N)[:, None]
+    return dx * rstd[:, None], xhat
+
+
+@triton.jit
+def _load_bwd_tile(
+    X,
+    DY,
+    Mean,
+    Rstd,
+    tile,
+    M,
+    stride_x,
+    stride_dy,
+    cols,
+    col_ok,
+    IS_RMS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # tiles past the end are fully masked off
+    row_ok = rows < M
+    mask = row_ok[:, None] & col_ok[None, :]
+    rows64 = rows.to(tl.int64)[:, None]
+    x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0)
+    dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0)
+    rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
+    mean = rstd if IS_RMS else tl.load(Mean + rows, mask=row_ok, other=0.0)
+    return x, dy, mean, rstd
+
+
+@triton.jit
+def norm_bwd_block_kernel(
+    X,
+    W,
+    DY,
+    DH,
+    DX,
+    Mean,
+    Rstd,
+    DW_part,
+    DB_part,
+    M,
+    N,
+    stride_x,
+    stride_dy,
+    stride_dh,
+    n_programs,
+    tiles_per_program,
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    HAS_DH: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
+    """Persistent: program p takes row tiles p, p+P, ...; writes dx, and its fp32 partial sums
+    of dy·x̂ and dy into row p of DW_part / DB_part (summed afterwards: deterministic, no atomics).
+    Reads x and dy once, writes dx once."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) if HAS_W else None
+    # accumulate whole tiles and reduce over rows once at the end: a reduction across rows in
+    # every iteration costs a shared-memory round trip per tile (seen: 6x slower at N=256)
+    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    db_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    # software prefetch: the next tile's loads (statistics too) are in flight while this tile is
+    # computed; a persistent program otherwise idles on every load. Off for the widest blocks,
+    # where the second set of registers spills (seen: 5% of the copy ceiling at N=16384).
+    nxt = _load_bwd_tile(
+        X, DY, Mean, Rstd, pid, M, stride_x, stride_dy, cols, col_ok, IS_RMS, BLOCK_M
+    )
+    for i in range(0, tiles_per_program):
+        tile = pid + i * n_programs
+        if PREFETCH:
+            x_raw, dy_raw, mean, rstd = nxt
+            ahead = tile + n_programs
+            nxt = _load_bwd_tile(
+                X, DY, Mean, Rstd, ahead, M, stride_x, stride_dy, cols, col_ok, IS_RMS, BLOCK_M
+            )
+        else:
+            x_raw, dy_raw, mean, rstd = _load_bwd_tile(
+                X, DY, Mean, Rstd, tile, M, stride_x, stride_dy, cols, col_ok, IS_RMS, BLOCK_M
+            )
+        x, dy = x_raw.to(tl.float32), dy_raw.to(tl.float32)
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask = (rows < M)[:, None] & col_ok[None, :]
+        rows64 = rows.to(tl.int64)[:, None]
+        dx, xhat = _dx_tile(x, dy, w, mean, rstd, mask, N, IS_RMS, HAS_W)
+        if HAS_DH:
+            dh = tl.load(DH + rows64 * stride_dh + cols[None, :], mask=mask, other=0.0)
+            dx += dh.to(tl.float32)
+        tl.store(DX + rows64 * N + cols[None, :], _round(dx, DX.dtype.element_ty), mask=mask)
+        if HAS_W:
+            dw_acc += dy * xhat
+        if HAS_B:
+            db_acc += dy
+    if HAS_W:
+        tl.store(DW_part + pid.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+    if HAS_B:
+        tl.store(DB_part + pid.to(tl.int64) * N + cols, tl.sum(db_acc, axis=0), mask=col_ok)
+
+
+@triton.jit
+def norm_bwd_wide_dx_kernel(
+    X,
+    W,
+    DY,
+    DH,
+    DX,
+    Mean,
+    Rstd,
+    N,
+    stride_x,
+    stride_dy,
+    stride_dh,
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_DH: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """One program per row of any width: sums of x̂·w·dy and w·dy, then dx in a reverse pass."""
+    row = tl.program_id(0)
+    rows = tl.full([1], 0, tl.int32) + row
+    row64 = row.to(tl.int64)
+    offs = tl.arange(0, BLOCK_N)
+    n_chunks = tl.cdiv(N, BLOCK_N)
+    rstd = tl.load(Rstd + rows)
+    mean = None if IS_RMS else tl.load(Mean + rows)
+    s1 = tl.zeros([1, BLOCK_N], tl.float32)
+    s2 = tl.zeros([1, BLOCK_N], tl.float32)
+    for c in range(0, n_chunks):
+        cols = c * BLOCK_N + offs
+        col_ok = cols < N
+        x = tl.load(X + row64 * stride_x + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        dy = tl.load(DY + row64 * stride_dy + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        xhat = x * rstd[:, None] if IS_RMS else (x - mean[:, None]) * rstd[:, None]
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else None
+        wdy = dy * w if HAS_W else dy
+        s1 += tl.where(col_ok[None, :], xhat * wdy, 0.0)
+        s2 += wdy
+    c1 = tl.sum(s1, axis=1) / N
+    c2 = tl.sum(s2, axis=1) / N
+    for i in range(0, n_chunks):
+        cols = (n_chunks - 1 - i) * BLOCK_N + offs
+        col_ok = cols < N
+        x = tl.load(X + row64 * stride_x + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        dy = tl.load(DY + row64 * stride_dy + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        xhat = x * rstd[:, None] if IS_RMS else (x - mean[:, None]) * rstd[:, None]
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else None
+        wdy = dy * w if HAS_W else dy
+        dx = wdy - xhat * c1[:, None]
+        if not IS_RMS:
+            dx -= c2[:, None]
+        dx = dx * rstd[:, None]
+        if HAS_DH:
+            dx += tl.load(DH + row64 * stride_dh + cols, mask=col_ok, other=0.0).to(tl.float32)
+        dx_ptrs = DX + row64 * N + cols[None, :]
+        tl.store(dx_ptrs, _round(dx, DX.dtype.element_ty), mask=col_ok[None, :])
+
+
+@triton.jit
+def norm_bwd_wide_dw_kernel(
+    X,
+    DY,
+    Mean,
+    Rstd,
+    DW_part,
+    DB_part,
+    M,
+    N,
+    stride_x,
+    stride_dy,
+    ROWS_PER_PROG,
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Grid (column blocks, row groups): fp32 partial sums of dy·x̂ and dy over a row group."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    group = tl.program_id(1)
+    col_ok = cols < N
+    dw_acc = tl.zeros([BLOCK_N], tl.float32)
+    db_acc = tl.zeros([BLOCK_N], tl.float32)
+    row_end = tl.minimum(M, (group + 1) * ROWS_PER_PROG)
+    for start in range(group * ROWS_PER_PROG, row_end, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        row_ok = rows < row_end
+        mask = row_ok[:, None] & col_ok[None, :]
+        rows64 = rows.to(tl.int64)[:, None]
+        dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if HAS_W:
+            x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
+            if IS_RMS:
+                xhat = x * rstd[:, None]
+            else:
+                xhat = (x - tl.load(Mean + rows, mask=row_ok, other=0.0)[:, None]) * rstd[:, None]
+            dw_acc += tl.sum(dy * xhat, axis=0)
+        if HAS_B:
+            db_acc += tl.sum(dy, axis=0)
+    if HAS_W:
+        tl.store(DW_part + group.to(tl.int64) * N + cols, dw_acc, mask=col_ok)
+    if HAS_B:
+        tl.store(DB_part + group.to(tl.int64) * N + cols, db_acc, mask=col_ok)
+
+
+@triton.jit
+def norm_bwd_row_sums_kernel(
+    X,
+    W,
+    DY,
+    Mean,
+    Rstd,
+    Sums,
+    M,
+    N,
+    stride_x,
+    stride_dy,
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Split backward, first kernel: the row sums dx needs, mean(x̂·w·dy) into Sums[0, row] and
+    (LayerNorm) mean(w·dy) into Sums[1, row], for BLOCK_M rows of any width in chunks."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    rows64 = rows.to(tl.int64)[:, None]
+    rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
+    mean = rstd if IS_RMS else tl.load(Mean + rows, mask=row_ok, other=0.0)
+    offs = tl.arange(0, BLOCK_N)
+    s1 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    s2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for c in range(0, tl.cdiv(N, BLOCK_N)):
+        cols = c * BLOCK_N + offs
+        col_ok = cols < N
+        mask = row_ok[:, None] & col_ok[None, :]
+        x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        xhat = x * rstd[:, None] if IS_RMS else (x - mean[:, None]) * rstd[:, None]
+        if HAS_W:
+            dy = dy * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        s1 += tl.where(mask, xhat * dy, 0.0)  # masked x̂ is -mean·rstd, not 0
+        if not IS_RMS:
+            s2 += dy
+    tl.store(Sums + rows, tl.sum(s1, axis=1) / N, mask=row_ok)
+    if not IS_RMS:
+        tl.store(Sums + M + rows, tl.sum(s2, axis=1) / N, mask=row_ok)
+
+
+@triton.jit
+def norm_bwd_tiles_kernel(
+    X,
+    W,
+    DY,
+    DH,
+    DX,
+    Mean,
+    Rstd,
+    Sums,
+    DW_part,
+    DB_part,
+    M,
+    N,
+    stride_x,
+    stride_dy,
+    stride_dh,
+    rows_per_group,
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    HAS_DH: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Split backward, second kernel. Grid (column blocks, row groups): dx for the program's
+    columns of every row in its group, and the fp32 partial sums of dy·x̂ and dy over the group
+    into row `group` of DW_part / DB_part."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    group = tl.program_id(1)
+    col_ok = cols < N
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else None
+    # whole tiles accumulated, reduced over rows once at the end (see norm_bwd_block_kernel)
+    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    db_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    row_end = tl.minimum(M, (group + 1) * rows_per_group)
+    for start in range(group * rows_per_group, row_end, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        row_ok = rows < row_end
+        mask = row_ok[:, None] & col_ok[None, :]
+        rows64 = rows.to(tl.int64)[:, None]
+        x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)[:, None]
+        c1 = tl.load(Sums + rows, mask=row_ok, other=0.0)[:, None]
+        if IS_RMS:
+            xhat = x * rstd
+        else:
+            xhat = (x - tl.load(Mean + rows, mask=row_ok, other=0.0)[:, None]) * rstd
+        xhat = tl.where(mask, xhat, 0.0)
+        dx = (dy * w if HAS_W else dy) - xhat * c1
+        if not IS_RMS:
+            dx -= tl.load(Sums + M + rows, mask=row_ok, other=0.0)[:, None]
+        dx = dx * rstd
+        if HAS_DH:
+            dx += tl.load(DH + rows64 * stride_dh + cols[None, :], mask=mask, other=0.0).to(
+                tl.float32
+            )
+        tl.store(DX + rows64 * N + cols[None, :], _round(dx, DX.dtype.element_ty), mask=mask)
+        if HAS_W:
+            dw_acc += dy * xhat
+        if HAS_B:
+            db_acc += dy
+    if HAS_W:
+        tl.store(DW_part + group.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+    if HAS_B:
+        tl.store(DB_part + group.to(tl.int64) * N + cols, tl.sum(db_acc, axis=0), mask=col_ok)
+
+
+@triton.jit
+def sum_partials_kernel(
+    DW_part,
+    DB_part,
+    DW,
+    DB,
+    P,
+    N,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Second stage of the weight-gradient reduction: sum the P partial rows in a fixed order in
+    fp32 and write dweight / dbias in their own dtype (one launch for both). Loads [BLOCK_P,
+    BLOCK_N] tiles so a column block needs P / BLOCK_P dependent loads, not P (one row at a time
+    took ~0.3 ms for P = 264)."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    dw = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
+    db = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
+    for p0 in range(0, P, BLOCK_P):
+        rows = p0 + tl.arange(0, BLOCK_P)
+        mask = (rows < P)[:, None] & col_ok[None, :]
+        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+        if HAS_W:
+            dw += tl.load(DW_part + offs, mask=mask, other=0.0)
+        if HAS_B:
+            db += tl.load(DB_part + offs, mask=mask, other=0.0)
+    if HAS_W:
+        tl.store(DW + cols, _round(tl.sum(dw, axis=0), DW.dtype.element_ty), mask=col_ok)
+    if HAS_B:
+        tl.store(DB + cols, _round(tl.sum(db, axis=0), DB.dtype.element_ty), mask=col_ok)
