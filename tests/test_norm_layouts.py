@@ -41,8 +41,16 @@ ROLES = {
 INPUT_KINDS = KINDS + ("expand-rows",)
 PARAM_KINDS = KINDS + ("expand", "absent")
 GRAD_KINDS = KINDS + ("expand-rows", "expand-last", "scalar")
-# rows wider than 16 take the chunked kernels (8-element chunks) when a case says `wide`
-WIDE_LIMITS = {"MAX_BLOCK_N": 16, "MAX_BLOCK_N_FWD": 16, "WIDE_CHUNK": 8, "WIDE_CHUNK_FWD": 8}
+# rows wider than 16 take the chunked forward (8-element chunks) and the split backward (8-element
+# chunks, 16-element segments, 8-column tiles) when a case says `wide`
+WIDE_LIMITS = {
+    "MAX_BLOCK_N": 16,
+    "MAX_BLOCK_N_FWD": 16,
+    "WIDE_CHUNK_FWD": 8,
+    "SUMS_CHUNK": 8,
+    "SUMS_SEGMENT": 16,
+    "TILES_N": 8,
+}
 
 
 def _kinds(op: str, role: str) -> tuple[str, ...]:

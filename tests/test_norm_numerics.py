@@ -59,42 +59,48 @@ def test_block_path(op, shape_id, dname, device):
 @pytest.mark.parametrize("dname", ["fp32", "bf16"])
 @pytest.mark.parametrize("op", OPS)
 def test_wide_path(op, dname, device, monkeypatch):
-    """Rows wider than one block: the chunked kernels, reached at small sizes by lowering the
-    block limit (the same code runs for rows past 16384 / 32768 elements)."""
-    monkeypatch.setattr(norm_launch, "MAX_BLOCK_N", 256)
-    monkeypatch.setattr(norm_launch, "MAX_BLOCK_N_FWD", 256)
-    monkeypatch.setattr(norm_launch, "WIDE_CHUNK", 128)
-    monkeypatch.setattr(norm_launch, "WIDE_CHUNK_FWD", 128)
+    """Rows wider than one block: the chunked forward and the split backward, reached at small
+    sizes by lowering the limits (the same code runs for rows past 32768 / 8192 elements): row
+    sums over four segments (a ragged last one) of four chunks, ragged column blocks."""
+    for name, value in [
+        ("MAX_BLOCK_N", 256),
+        ("MAX_BLOCK_N_FWD", 256),
+        ("WIDE_CHUNK_FWD", 128),
+        ("SUMS_CHUNK", 128),
+        ("SUMS_SEGMENT", 512),
+    ]:
+        monkeypatch.setattr(norm_launch, name, value)
     dtype = DTYPES[dname]
     check(op, make_inputs(op, (9, 1823), dtype, device), SLACK[dtype])
 
 
 @pytest.mark.parametrize("dname", ["fp32", "bf16"])
 @pytest.mark.parametrize("op", OPS)
-def test_split_backward_at_block_widths(op, dname, device, monkeypatch):
-    """The split backward (row sums, then [rows, column block] tiles) on rows the fused kernel
-    could hold, reached by lowering its threshold: chunked row sums, several column blocks with
-    a ragged last one, several row groups with a ragged last one."""
-    for name, value in [("SPLIT_MIN_N_LN", 1), ("SPLIT_MIN_N_RMS", 1), ("TILES_N", 64)]:
+def test_split_backward_row_tiles_and_groups(op, dname, device, monkeypatch):
+    """The split backward with several rows per row-sums program (one segment), several column
+    blocks and several row groups, the last of each ragged."""
+    for name, value in [("MAX_BLOCK_N", 128), ("SUMS_CHUNK", 512), ("TILES_N", 64)]:
         monkeypatch.setattr(norm_launch, name, value)
-    monkeypatch.setattr(norm_launch, "SUMS_CHUNK", 128)
-    assert norm_launch.use_split_backward(300, is_rms=True)
-    assert not norm_launch.use_wide_path(300, backward=True)
+    assert norm_launch.use_wide_path(300, backward=True)
+    assert not norm_launch.use_wide_path(300)
     dtype = DTYPES[dname]
     check(op, make_inputs(op, (45, 300), dtype, device), SLACK[dtype])
 
 
 def test_backward_paths_by_width():
-    """Which backward each width takes with the shipped thresholds."""
-    for n, is_rms in [(256, True), (8192, False), (16384, True)]:
-        assert not norm_launch.use_split_backward(n, is_rms), (n, is_rms)
-    for n, is_rms in [(16384, False), (32768, True), (262144, False)]:
-        assert norm_launch.use_split_backward(n, is_rms), (n, is_rms)
+    """The fused backward holds rows up to 8192 elements; wider rows take the split kernels.
+    Each width's fused setting is the one for the smallest block that holds it."""
+    assert not norm_launch.use_wide_path(8192, backward=True)
+    assert norm_launch.use_wide_path(8193, backward=True)
+    assert norm_launch.bwd_config(4096, is_rms=False) == (1, 4096, 8, 1)
+    assert norm_launch.bwd_config(600, is_rms=False) == (2, 1024, 4, 2)
+    assert norm_launch.bwd_config(100, is_rms=True) == (64, 128, 16, 1)
 
 
 @pytest.mark.parametrize("op", OPS)
 def test_wide_row_at_real_limits(op, device):
-    """65,537 elements: past the forward and backward block limits, with the shipped chunking."""
+    """65,537 elements: past the forward and backward block limits, with the shipped chunking
+    (the row sums in five segments, the last of one element)."""
     assert norm_launch.use_wide_path(65537) and norm_launch.use_wide_path(65537, backward=True)
     check(op, make_inputs(op, (2, 65537), torch.float32, device), SLACK[torch.float32])
 

@@ -82,7 +82,6 @@ def norm_bwd_block_kernel(
     HAS_DH: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     """Persistent: program p takes row tiles p, p+P, ...; writes dx, and its fp32 partial sums
     of dy·x̂ and dy into row p of DW_part / DB_part (summed afterwards: deterministic, no atomics).
@@ -96,23 +95,28 @@ def norm_bwd_block_kernel(
     dw_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     db_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     # software prefetch: the next tile's loads (statistics too) are in flight while this tile is
-    # computed; a persistent program otherwise idles on every load. Off for the widest blocks,
-    # where the second set of registers spills (seen: 5% of the copy ceiling at N=16384).
+    # computed; a persistent program otherwise idles on every load. Rows too wide for the second
+    # set of registers take the split kernels below (launch.py: MAX_BLOCK_N).
     nxt = _load_bwd_tile(
         X, DY, Mean, Rstd, pid, M, stride_x, stride_dy, cols, col_ok, IS_RMS, BLOCK_M
     )
     for i in range(0, tiles_per_program):
         tile = pid + i * n_programs
-        if PREFETCH:
-            x_raw, dy_raw, mean, rstd = nxt
-            ahead = tile + n_programs
-            nxt = _load_bwd_tile(
-                X, DY, Mean, Rstd, ahead, M, stride_x, stride_dy, cols, col_ok, IS_RMS, BLOCK_M
-            )
-        else:
-            x_raw, dy_raw, mean, rstd = _load_bwd_tile(
-                X, DY, Mean, Rstd, tile, M, stride_x, stride_dy, cols, col_ok, IS_RMS, BLOCK_M
-            )
+        x_raw, dy_raw, mean, rstd = nxt
+        nxt = _load_bwd_tile(
+            X,
+            DY,
+            Mean,
+            Rstd,
+            tile + n_programs,
+            M,
+            stride_x,
+            stride_dy,
+            cols,
+            col_ok,
+            IS_RMS,
+            BLOCK_M,
+        )
         x, dy = x_raw.to(tl.float32), dy_raw.to(tl.float32)
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         mask = (rows < M)[:, None] & col_ok[None, :]
@@ -133,112 +137,6 @@ def norm_bwd_block_kernel(
 
 
 @triton.jit
-def norm_bwd_wide_dx_kernel(
-    X,
-    W,
-    DY,
-    DH,
-    DX,
-    Mean,
-    Rstd,
-    N,
-    stride_x,
-    stride_dy,
-    stride_dh,
-    IS_RMS: tl.constexpr,
-    HAS_W: tl.constexpr,
-    HAS_DH: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """One program per row of any width: sums of x̂·w·dy and w·dy, then dx in a reverse pass."""
-    row = tl.program_id(0)
-    rows = tl.full([1], 0, tl.int32) + row
-    row64 = row.to(tl.int64)
-    offs = tl.arange(0, BLOCK_N)
-    n_chunks = tl.cdiv(N, BLOCK_N)
-    rstd = tl.load(Rstd + rows)
-    mean = None if IS_RMS else tl.load(Mean + rows)
-    s1 = tl.zeros([1, BLOCK_N], tl.float32)
-    s2 = tl.zeros([1, BLOCK_N], tl.float32)
-    for c in range(0, n_chunks):
-        cols = c * BLOCK_N + offs
-        col_ok = cols < N
-        x = tl.load(X + row64 * stride_x + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        dy = tl.load(DY + row64 * stride_dy + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        xhat = x * rstd[:, None] if IS_RMS else (x - mean[:, None]) * rstd[:, None]
-        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else None
-        wdy = dy * w if HAS_W else dy
-        s1 += tl.where(col_ok[None, :], xhat * wdy, 0.0)
-        s2 += wdy
-    c1 = tl.sum(s1, axis=1) / N
-    c2 = tl.sum(s2, axis=1) / N
-    for i in range(0, n_chunks):
-        cols = (n_chunks - 1 - i) * BLOCK_N + offs
-        col_ok = cols < N
-        x = tl.load(X + row64 * stride_x + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        dy = tl.load(DY + row64 * stride_dy + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        xhat = x * rstd[:, None] if IS_RMS else (x - mean[:, None]) * rstd[:, None]
-        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else None
-        wdy = dy * w if HAS_W else dy
-        dx = wdy - xhat * c1[:, None]
-        if not IS_RMS:
-            dx -= c2[:, None]
-        dx = dx * rstd[:, None]
-        if HAS_DH:
-            dx += tl.load(DH + row64 * stride_dh + cols, mask=col_ok, other=0.0).to(tl.float32)
-        dx_ptrs = DX + row64 * N + cols[None, :]
-        tl.store(dx_ptrs, _round(dx, DX.dtype.element_ty), mask=col_ok[None, :])
-
-
-@triton.jit
-def norm_bwd_wide_dw_kernel(
-    X,
-    DY,
-    Mean,
-    Rstd,
-    DW_part,
-    DB_part,
-    M,
-    N,
-    stride_x,
-    stride_dy,
-    ROWS_PER_PROG,
-    IS_RMS: tl.constexpr,
-    HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """Grid (column blocks, row groups): fp32 partial sums of dy·x̂ and dy over a row group."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    group = tl.program_id(1)
-    col_ok = cols < N
-    dw_acc = tl.zeros([BLOCK_N], tl.float32)
-    db_acc = tl.zeros([BLOCK_N], tl.float32)
-    row_end = tl.minimum(M, (group + 1) * ROWS_PER_PROG)
-    for start in range(group * ROWS_PER_PROG, row_end, BLOCK_M):
-        rows = start + tl.arange(0, BLOCK_M)
-        row_ok = rows < row_end
-        mask = row_ok[:, None] & col_ok[None, :]
-        rows64 = rows.to(tl.int64)[:, None]
-        dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        if HAS_W:
-            x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
-            if IS_RMS:
-                xhat = x * rstd[:, None]
-            else:
-                xhat = (x - tl.load(Mean + rows, mask=row_ok, other=0.0)[:, None]) * rstd[:, None]
-            dw_acc += tl.sum(dy * xhat, axis=0)
-        if HAS_B:
-            db_acc += tl.sum(dy, axis=0)
-    if HAS_W:
-        tl.store(DW_part + group.to(tl.int64) * N + cols, dw_acc, mask=col_ok)
-    if HAS_B:
-        tl.store(DB_part + group.to(tl.int64) * N + cols, db_acc, mask=col_ok)
-
-
-@triton.jit
 def norm_bwd_row_sums_kernel(
     X,
     W,
@@ -254,18 +152,22 @@ def norm_bwd_row_sums_kernel(
     HAS_W: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    SEGMENT: tl.constexpr,
 ):
-    """Split backward, first kernel: the row sums dx needs, mean(x̂·w·dy) into Sums[0, row] and
-    (LayerNorm) mean(w·dy) into Sums[1, row], for BLOCK_M rows of any width in chunks."""
+    """Split backward, first kernel. Grid (row tiles, row segments): the sums dx needs over
+    SEGMENT elements of BLOCK_M rows, Σx̂·w·dy / N into Sums[0, segment, row] and (LayerNorm)
+    Σw·dy / N into Sums[1, segment, row]. Segments give a few wide rows many programs; the
+    unrolled chunks of a segment put all its loads in flight at once."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    segment = tl.program_id(1)
     row_ok = rows < M
     rows64 = rows.to(tl.int64)[:, None]
     rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
     mean = rstd if IS_RMS else tl.load(Mean + rows, mask=row_ok, other=0.0)
-    offs = tl.arange(0, BLOCK_N)
+    offs = segment * SEGMENT + tl.arange(0, BLOCK_N)
     s1 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     s2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for c in range(0, tl.cdiv(N, BLOCK_N)):
+    for c in tl.static_range(SEGMENT // BLOCK_N):
         cols = c * BLOCK_N + offs
         col_ok = cols < N
         mask = row_ok[:, None] & col_ok[None, :]
@@ -274,12 +176,13 @@ def norm_bwd_row_sums_kernel(
         xhat = x * rstd[:, None] if IS_RMS else (x - mean[:, None]) * rstd[:, None]
         if HAS_W:
             dy = dy * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        s1 += tl.where(mask, xhat * dy, 0.0)  # masked x̂ is -mean·rstd, not 0
+        s1 += xhat * dy  # dy is 0 where masked
         if not IS_RMS:
             s2 += dy
-    tl.store(Sums + rows, tl.sum(s1, axis=1) / N, mask=row_ok)
+    out = Sums + segment * M + rows
+    tl.store(out, tl.sum(s1, axis=1) / N, mask=row_ok)
     if not IS_RMS:
-        tl.store(Sums + M + rows, tl.sum(s2, axis=1) / N, mask=row_ok)
+        tl.store(out + tl.num_programs(1) * M, tl.sum(s2, axis=1) / N, mask=row_ok)
 
 
 @triton.jit
@@ -300,6 +203,7 @@ def norm_bwd_tiles_kernel(
     stride_dy,
     stride_dh,
     rows_per_group,
+    segments,
     IS_RMS: tl.constexpr,
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
@@ -309,7 +213,8 @@ def norm_bwd_tiles_kernel(
 ):
     """Split backward, second kernel. Grid (column blocks, row groups): dx for the program's
     columns of every row in its group, and the fp32 partial sums of dy·x̂ and dy over the group
-    into row `group` of DW_part / DB_part."""
+    into row `group` of DW_part / DB_part. The row sums are the first kernel's, summed over its
+    segments."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     group = tl.program_id(1)
     col_ok = cols < N
@@ -326,15 +231,20 @@ def norm_bwd_tiles_kernel(
         x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)[:, None]
-        c1 = tl.load(Sums + rows, mask=row_ok, other=0.0)[:, None]
+        c1 = tl.zeros([BLOCK_M], tl.float32)
+        c2 = tl.zeros([BLOCK_M], tl.float32)
+        for s in range(0, segments):
+            c1 += tl.load(Sums + s * M + rows, mask=row_ok, other=0.0)
+            if not IS_RMS:
+                c2 += tl.load(Sums + (segments + s) * M + rows, mask=row_ok, other=0.0)
         if IS_RMS:
             xhat = x * rstd
         else:
             xhat = (x - tl.load(Mean + rows, mask=row_ok, other=0.0)[:, None]) * rstd
         xhat = tl.where(mask, xhat, 0.0)
-        dx = (dy * w if HAS_W else dy) - xhat * c1
+        dx = (dy * w if HAS_W else dy) - xhat * c1[:, None]
         if not IS_RMS:
-            dx -= tl.load(Sums + M + rows, mask=row_ok, other=0.0)[:, None]
+            dx -= c2[:, None]
         dx = dx * rstd
         if HAS_DH:
             dx += tl.load(DH + rows64 * stride_dh + cols[None, :], mask=mask, other=0.0).to(

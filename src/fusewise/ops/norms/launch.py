@@ -15,46 +15,41 @@ from .._launch import cdiv, launch, next_power_of_2, sm_count
 from . import kernels as K
 from . import kernels_bwd as KB
 
-# Widest row the block path keeps in registers (fp32 values per thread stay <= 32 at 16 warps).
-# Wider rows take the chunked wide path. Module-level so tests can lower it to reach that path
-# with small shapes.
-MAX_BLOCK_N = 16384  # backward
+# Widest row the forward keeps in registers; wider rows take the chunked wide path. The backward
+# keeps rows up to MAX_BLOCK_N in registers with the weight-gradient accumulators (the fused
+# kernel); wider rows take the split kernels. Module-level so tests can lower them to reach those
+# paths with small shapes.
 MAX_BLOCK_N_FWD = 32768  # forward holds only x: 89% of the copy ceiling at 32768 vs 75% chunked
-WIDE_CHUNK = 4096  # elements per chunk on the wide path (backward)
+MAX_BLOCK_N = 8192
 WIDE_WARPS = 16
 # Forward: 16384-element chunks. The sweep (benchmarks/sweep_norm_configs.py, H200, bf16, kernel
-# only) gave 74% / 63% of the copy ceiling at widths 65,536 / 262,144 against 63% / 60% for 4096;
-# chosen after the benchmark rows in benchmarks/results/ were taken, not re-benchmarked yet.
+# only) gave 74% / 63% of the copy ceiling at widths 65,536 / 262,144 against 63% / 60% for 4096.
 WIDE_CHUNK_FWD = 16384
-# Block-path tiles and warps, from benchmarks/sweep_norm_configs.py on an H200 (bf16, 2**27
-# elements): forward 2048-element tiles at 16 elements a thread (at most 16 warps) reached 93-97%
-# of the copy ceiling at widths 256..16384; backward 4096-element tiles, 16 a thread, 2 programs
-# per SM was the best single setting.
+# Forward block-path tiles and warps, from the sweep on an H200 (bf16, 2**27 elements):
+# 2048-element tiles at 16 elements a thread (at most 16 warps) reached 93-97% of the copy
+# ceiling at widths 256..16384.
 TILE_ELEMENTS_FWD = 2048
-TILE_ELEMENTS_BWD = 4096  # RMSNorm; LayerNorm (two more live tiles: mean, dbias) prefers
-TILE_ELEMENTS_BWD_LN = 8192  # larger tiles, fewer warps and one program per SM
-BWD_ELEMENTS_PER_THREAD_LN = 8
-BWD_PROGRAMS_PER_SM_LN = 1
 FWD_ELEMENTS_PER_THREAD = 16
-BWD_ELEMENTS_PER_THREAD = 16
 MAX_WARPS_FWD = 16
-MAX_WARPS_BWD = 16
-MAX_WARPS_BWD_WIDE = 32  # rows of MAX_BLOCK_N elements
-PREFETCH_MAX_N = 8192  # wider rows: no software prefetch in the backward (registers spill)
-BWD_PROGRAMS_PER_SM = 2  # persistent backward: programs per multiprocessor
-# Split backward (kernels_bwd.py): rows at least this wide, and every row past MAX_BLOCK_N. At
-# these widths a row's tiles and its weight-gradient accumulators do not fit the registers
-# together, and the fused kernel spills.
-SPLIT_MIN_N_LN = 16384
-SPLIT_MIN_N_RMS = 32768
-SUMS_CHUNK = 4096  # row sums: chunk of a row, elements per program's tile, warps
-SUMS_TILE = 4096
+# Backward, fused kernel: (widest block, elements per tile, warps, programs per multiprocessor),
+# the best setting at 256, 1024, 4096 and 8192 in the sweep at 1b22cd8 (H200, bf16, 2**26
+# elements, kernel only, results/h200_sweep_norms_1b22cd8.txt). LayerNorm holds two more tiles
+# (mean, the bias gradient) than RMSNorm and prefers smaller tiles at 1024-4096.
+BWD_CONFIGS = {
+    False: ((256, 8192, 16, 1), (1024, 2048, 4, 2), (4096, 4096, 8, 1), (8192, 8192, 16, 1)),
+    True: ((256, 8192, 16, 1), (1024, 4096, 8, 2), (8192, 8192, 16, 1)),  # is_rms
+}
+# Backward, split kernels (rows past MAX_BLOCK_N): 2.2-2.9x the previous one-program-per-row
+# kernels at 32768-262144 in the same sweep, and 2.1x the fused kernel for LayerNorm at 16384,
+# whose registers spill there.
+SUMS_CHUNK = 4096  # row sums: elements of a row per load
+SUMS_TILE = 4096  # elements per program and load: rows × chunk
 SUMS_WARPS = 8
-TILES_M = 16  # dx and weight-gradient tiles: rows, columns, warps
+SUMS_SEGMENT = 16384  # elements of a row one program sums, its loads unrolled
+TILES_M = 8  # dx and weight-gradient tiles: rows, columns, warps
 TILES_N = 512
-TILES_WARPS = 8
+TILES_WARPS = 4
 TILES_WAVES = 4  # programs per multiprocessor the grid aims at
-WIDE_BACKWARD = "split"  # sweep only: "rows" runs the one-program-per-row wide kernels
 
 
 def alloc(shape, dtype, device) -> torch.Tensor:
@@ -69,30 +64,26 @@ def _programs_per_wave(device: torch.device) -> int:
     return sm_count(device.index or 0) if device.type == "cuda" else 3
 
 
-def block_config(n: int, backward: bool = False, is_rms: bool = True) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) for rows of n elements on the block path."""
+def block_config(n: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) for rows of n elements on the forward's block path."""
     block_n = next_power_of_2(n)
-    if not backward:
-        tile, per_thread = TILE_ELEMENTS_FWD, FWD_ELEMENTS_PER_THREAD
-    elif is_rms:
-        tile, per_thread = TILE_ELEMENTS_BWD, BWD_ELEMENTS_PER_THREAD
-    else:
-        tile, per_thread = TILE_ELEMENTS_BWD_LN, BWD_ELEMENTS_PER_THREAD_LN
-    block_m = max(1, tile // block_n)
+    block_m = max(1, TILE_ELEMENTS_FWD // block_n)
     elements = block_m * block_n
-    max_warps = MAX_WARPS_BWD if backward else MAX_WARPS_FWD
-    if backward and block_n >= MAX_BLOCK_N:
-        max_warps = MAX_WARPS_BWD_WIDE  # one row per program: as many loads in flight as fit
-    num_warps = min(max_warps, max(4, elements // (32 * per_thread)))
+    num_warps = min(MAX_WARPS_FWD, max(4, elements // (32 * FWD_ELEMENTS_PER_THREAD)))
     return block_m, block_n, num_warps
 
 
+def bwd_config(n: int, is_rms: bool) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, programs per multiprocessor) for the fused backward."""
+    block_n = next_power_of_2(n)
+    configs = BWD_CONFIGS[is_rms]
+    widest, tile, warps, per_sm = next((c for c in configs if block_n <= c[0]), configs[-1])
+    return max(1, tile // block_n), block_n, warps, per_sm
+
+
 def use_wide_path(n: int, backward: bool = False) -> bool:
+    """Forward: the chunked kernel. Backward: the split kernels."""
     return n > (MAX_BLOCK_N if backward else MAX_BLOCK_N_FWD)
-
-
-def use_split_backward(n: int, is_rms: bool) -> bool:
-    return n > MAX_BLOCK_N or n >= (SPLIT_MIN_N_RMS if is_rms else SPLIT_MIN_N_LN)
 
 
 def _partials(rows: int, n: int, has_w: bool, has_b: bool, dev):
@@ -185,59 +176,10 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     dh_arg = dh if dh is not None else dy
     if mean is None:  # RMS: the kernels never read it; any fp32 buffer holds the place
         mean = rstd
-    if use_split_backward(n, is_rms) and not (WIDE_BACKWARD == "rows" and n > MAX_BLOCK_N):
+    if use_wide_path(n, backward=True):
         dw_part, db_part = _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms, dx)
-    elif use_wide_path(n, backward=True):
-        launch(
-            KB.norm_bwd_wide_dx_kernel,
-            (m,),
-            x,
-            weight,
-            dy,
-            dh_arg,
-            dx,
-            mean,
-            rstd,
-            n,
-            x.stride(0),
-            dy.stride(0),
-            dh_arg.stride(0),
-            IS_RMS=is_rms,
-            HAS_W=has_w,
-            HAS_DH=dh is not None,
-            BLOCK_N=WIDE_CHUNK,
-            num_warps=WIDE_WARPS,
-        )
-        if not (has_w or has_b):
-            return dx, None, None
-        block_n, block_m = 256, 16
-        groups = max(1, min(cdiv(m, block_m), 4 * _programs_per_wave(dev) // cdiv(n, block_n)))
-        rows_per_group = cdiv(m, groups)
-        dw_part, db_part = _partials(groups, n, has_w, has_b, dev)
-        launch(
-            KB.norm_bwd_wide_dw_kernel,
-            (cdiv(n, block_n), groups),
-            x,
-            dy,
-            mean,
-            rstd,
-            dw_part,
-            db_part,
-            m,
-            n,
-            x.stride(0),
-            dy.stride(0),
-            rows_per_group,
-            IS_RMS=is_rms,
-            HAS_W=has_w,
-            HAS_B=has_b,
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            num_warps=4,
-        )
     else:
-        block_m, block_n, num_warps = block_config(n, backward=True, is_rms=is_rms)
-        per_sm = BWD_PROGRAMS_PER_SM if is_rms else BWD_PROGRAMS_PER_SM_LN
+        block_m, block_n, num_warps, per_sm = bwd_config(n, is_rms)
         n_tiles = cdiv(m, block_m)
         programs = min(n_tiles, per_sm * _programs_per_wave(dev))
         dw_part, db_part = _partials(programs, n, has_w, has_b, dev)
@@ -266,7 +208,6 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
             HAS_DH=dh is not None,
             BLOCK_M=block_m,
             BLOCK_N=block_n,
-            PREFETCH=block_n <= PREFETCH_MAX_N,
             num_warps=num_warps,
         )
     return dx, *_finish_weight_grads(dw_part, db_part, weight, bias, dev)
@@ -277,13 +218,15 @@ def _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms: bool, dx):
     m, n = x.shape
     dev = x.device
     has_w, has_b = weight is not None, bias is not None
-    sums = alloc((1 if is_rms else 2, m), torch.float32, dev)
     chunk = min(next_power_of_2(n), SUMS_CHUNK)
     rows = max(1, SUMS_TILE // chunk)
+    segment = max(SUMS_SEGMENT, chunk)
+    segments = cdiv(n, segment)
+    sums = alloc((1 if is_rms else 2, segments, m), torch.float32, dev)
     flags = dict(IS_RMS=is_rms, HAS_W=has_w)
     launch(
         KB.norm_bwd_row_sums_kernel,
-        (cdiv(m, rows),),
+        (cdiv(m, rows), segments),
         x,
         weight,
         dy,
@@ -296,6 +239,7 @@ def _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms: bool, dx):
         dy.stride(0),
         BLOCK_M=rows,
         BLOCK_N=chunk,
+        SEGMENT=segment,
         num_warps=SUMS_WARPS,
         **flags,
     )
@@ -325,6 +269,7 @@ def _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms: bool, dx):
         dy.stride(0),
         dh_arg.stride(0),
         rows_per_group,
+        segments,
         HAS_B=has_b,
         HAS_DH=dh is not None,
         BLOCK_M=TILES_M,
