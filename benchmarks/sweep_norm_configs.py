@@ -12,7 +12,7 @@ Parts (--parts):
   fused     the fused backward: elements per tile, warps, programs per SM (one setting for all
             widths up to MAX_BLOCK_N)
   split     the split backward (rows past MAX_BLOCK_N): tile rows, columns, warps, waves; the
-            row sums' warps and segment
+            row sums' warps and unrolled loads
 
     python benchmarks/sweep_norm_configs.py --csv out.csv --parts fwd,bwd
 """
@@ -74,26 +74,22 @@ def settings(part: str, op: str):
             configs = {**L.BWD_CONFIGS, is_rms: ((1 << 40, tile, warps, pps),)}
             yield f"tile={tile} warps={warps} pps={pps}", {"BWD_CONFIGS": configs}
     elif part == "split":
-        for tm, tn, tw, waves, sw, seg in [
-            (8, 512, 4, 4, 8, 16384),
-            (16, 512, 8, 4, 8, 16384),
-            (8, 1024, 8, 4, 8, 16384),
-            (4, 1024, 4, 4, 8, 16384),
-            (8, 512, 4, 8, 8, 16384),
-            (8, 512, 4, 4, 4, 16384),
-            (8, 512, 4, 4, 16, 16384),
-            (8, 512, 4, 4, 8, 8192),
-            (8, 512, 4, 4, 8, 32768),
+        for tm, tn, tw, waves, sw, unroll in [
+            (4, 1024, 4, 4, 8, 4),
+            (8, 512, 4, 8, 8, 4),
+            (4, 1024, 4, 4, 8, 2),
+            (4, 1024, 4, 4, 8, 8),
+            (4, 1024, 4, 4, 4, 4),
         ]:
             yield (
-                f"m={tm} n={tn} warps={tw} waves={waves} sums_warps={sw} segment={seg}",
+                f"m={tm} n={tn} warps={tw} waves={waves} sums_warps={sw} unroll={unroll}",
                 dict(
                     TILES_M=tm,
                     TILES_N=tn,
                     TILES_WARPS=tw,
                     TILES_WAVES=waves,
                     SUMS_WARPS=sw,
-                    SUMS_SEGMENT=seg,
+                    SUMS_UNROLL=unroll,
                 ),
             )
     elif part == "fwdblock":
@@ -123,7 +119,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ops", default="layer_norm,rms_norm")
     p.add_argument("--parts", default="fwd,bwd")
-    p.add_argument("--dtypes", default="bf16", help="for the fwd and bwd parts; the rest: bf16")
+    p.add_argument("--dtypes", default="bf16")
     p.add_argument("--elements", type=int, default=1 << 26)
     p.add_argument("--csv", default=None)
     args = p.parse_args()
@@ -132,7 +128,7 @@ def main() -> int:
     inputs = Inputs(args.elements)
     for part, op in itertools.product(args.parts.split(","), args.ops.split(",")):
         mode = "fwd" if part.startswith("fwd") else "bwd"
-        dtypes = args.dtypes.split(",") if part in ("fwd", "bwd") else ["bf16"]
+        dtypes = args.dtypes.split(",")
         for dname, (label, values) in itertools.product(dtypes, list(settings(part, op))):
             if label == next(settings(part, op))[0]:
                 print(f"# {part} {op} {mode} {dname}, widths {WIDTHS[part]}", flush=True)

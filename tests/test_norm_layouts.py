@@ -41,14 +41,14 @@ ROLES = {
 INPUT_KINDS = KINDS + ("expand-rows",)
 PARAM_KINDS = KINDS + ("expand", "absent")
 GRAD_KINDS = KINDS + ("expand-rows", "expand-last", "scalar")
-# rows wider than 16 take the chunked forward (8-element chunks) and the split backward (8-element
-# chunks, 16-element segments, 8-column tiles) when a case says `wide`
+# rows wider than 16 take the chunked forward (8-element chunks) and the split backward (row sums
+# in steps of two 8-element chunks, 8-column tiles) when a case says `wide`
 WIDE_LIMITS = {
     "MAX_BLOCK_N": 16,
     "MAX_BLOCK_N_FWD": 16,
     "WIDE_CHUNK_FWD": 8,
     "SUMS_CHUNK": 8,
-    "SUMS_SEGMENT": 16,
+    "SUMS_UNROLL": 2,
     "TILES_N": 8,
 }
 

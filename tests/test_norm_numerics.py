@@ -61,13 +61,13 @@ def test_block_path(op, shape_id, dname, device):
 def test_wide_path(op, dname, device, monkeypatch):
     """Rows wider than one block: the chunked forward and the split backward, reached at small
     sizes by lowering the limits (the same code runs for rows past 32768 / 8192 elements): row
-    sums over four segments (a ragged last one) of four chunks, ragged column blocks."""
+    sums in steps of two chunks (the last step ragged), ragged column blocks."""
     for name, value in [
         ("MAX_BLOCK_N", 256),
         ("MAX_BLOCK_N_FWD", 256),
         ("WIDE_CHUNK_FWD", 128),
         ("SUMS_CHUNK", 128),
-        ("SUMS_SEGMENT", 512),
+        ("SUMS_UNROLL", 2),
     ]:
         monkeypatch.setattr(norm_launch, name, value)
     dtype = DTYPES[dname]
@@ -77,7 +77,7 @@ def test_wide_path(op, dname, device, monkeypatch):
 @pytest.mark.parametrize("dname", ["fp32", "bf16"])
 @pytest.mark.parametrize("op", OPS)
 def test_split_backward_row_tiles_and_groups(op, dname, device, monkeypatch):
-    """The split backward with several rows per row-sums program (one segment), several column
+    """The split backward with several rows per row-sums program (one step), several column
     blocks and several row groups, the last of each ragged."""
     for name, value in [("MAX_BLOCK_N", 128), ("SUMS_CHUNK", 512), ("TILES_N", 64)]:
         monkeypatch.setattr(norm_launch, name, value)
@@ -92,15 +92,15 @@ def test_backward_paths_by_width():
     Each width's fused setting is the one for the smallest block that holds it."""
     assert not norm_launch.use_wide_path(8192, backward=True)
     assert norm_launch.use_wide_path(8193, backward=True)
-    assert norm_launch.bwd_config(4096, is_rms=False) == (1, 4096, 8, 1)
-    assert norm_launch.bwd_config(600, is_rms=False) == (2, 1024, 4, 2)
+    assert norm_launch.bwd_config(4096, is_rms=False) == (2, 4096, 8, 1)
+    assert norm_launch.bwd_config(600, is_rms=False) == (4, 1024, 4, 2)
     assert norm_launch.bwd_config(100, is_rms=True) == (64, 128, 16, 1)
 
 
 @pytest.mark.parametrize("op", OPS)
 def test_wide_row_at_real_limits(op, device):
     """65,537 elements: past the forward and backward block limits, with the shipped chunking
-    (the row sums in five segments, the last of one element)."""
+    (the row sums' last step holds one element)."""
     assert norm_launch.use_wide_path(65537) and norm_launch.use_wide_path(65537, backward=True)
     check(op, make_inputs(op, (2, 65537), torch.float32, device), SLACK[torch.float32])
 

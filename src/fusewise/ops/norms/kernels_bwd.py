@@ -152,37 +152,36 @@ def norm_bwd_row_sums_kernel(
     HAS_W: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    SEGMENT: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):
-    """Split backward, first kernel. Grid (row tiles, row segments): the sums dx needs over
-    SEGMENT elements of BLOCK_M rows, Σx̂·w·dy / N into Sums[0, segment, row] and (LayerNorm)
-    Σw·dy / N into Sums[1, segment, row]. Segments give a few wide rows many programs; the
-    unrolled chunks of a segment put all its loads in flight at once."""
+    """Split backward, first kernel: the row sums dx needs, Σx̂·w·dy / N into Sums[0, row] and
+    (LayerNorm) Σw·dy / N into Sums[1, row], for BLOCK_M rows of any width. The row is walked
+    in steps of UNROLL chunks of BLOCK_N, unrolled so a step's loads are in flight together."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    segment = tl.program_id(1)
     row_ok = rows < M
     rows64 = rows.to(tl.int64)[:, None]
     rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
     mean = rstd if IS_RMS else tl.load(Mean + rows, mask=row_ok, other=0.0)
-    offs = segment * SEGMENT + tl.arange(0, BLOCK_N)
+    offs = tl.arange(0, BLOCK_N)
     s1 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     s2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for c in tl.static_range(SEGMENT // BLOCK_N):
-        cols = c * BLOCK_N + offs
-        col_ok = cols < N
-        mask = row_ok[:, None] & col_ok[None, :]
-        x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        xhat = x * rstd[:, None] if IS_RMS else (x - mean[:, None]) * rstd[:, None]
-        if HAS_W:
-            dy = dy * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        s1 += xhat * dy  # dy is 0 where masked
-        if not IS_RMS:
-            s2 += dy
-    out = Sums + segment * M + rows
-    tl.store(out, tl.sum(s1, axis=1) / N, mask=row_ok)
+    for step in range(0, tl.cdiv(N, UNROLL * BLOCK_N)):
+        for c in tl.static_range(UNROLL):
+            cols = (step * UNROLL + c) * BLOCK_N + offs
+            col_ok = cols < N
+            mask = row_ok[:, None] & col_ok[None, :]
+            x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0)
+            dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0)
+            x, dy = x.to(tl.float32), dy.to(tl.float32)
+            xhat = x * rstd[:, None] if IS_RMS else (x - mean[:, None]) * rstd[:, None]
+            if HAS_W:
+                dy = dy * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            s1 += xhat * dy  # dy is 0 where masked
+            if not IS_RMS:
+                s2 += dy
+    tl.store(Sums + rows, tl.sum(s1, axis=1) / N, mask=row_ok)
     if not IS_RMS:
-        tl.store(out + tl.num_programs(1) * M, tl.sum(s2, axis=1) / N, mask=row_ok)
+        tl.store(Sums + M + rows, tl.sum(s2, axis=1) / N, mask=row_ok)
 
 
 @triton.jit
@@ -203,7 +202,6 @@ def norm_bwd_tiles_kernel(
     stride_dy,
     stride_dh,
     rows_per_group,
-    segments,
     IS_RMS: tl.constexpr,
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
@@ -213,8 +211,7 @@ def norm_bwd_tiles_kernel(
 ):
     """Split backward, second kernel. Grid (column blocks, row groups): dx for the program's
     columns of every row in its group, and the fp32 partial sums of dy·x̂ and dy over the group
-    into row `group` of DW_part / DB_part. The row sums are the first kernel's, summed over its
-    segments."""
+    into row `group` of DW_part / DB_part."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     group = tl.program_id(1)
     col_ok = cols < N
@@ -231,12 +228,8 @@ def norm_bwd_tiles_kernel(
         x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)[:, None]
-        c1 = tl.zeros([BLOCK_M], tl.float32)
-        c2 = tl.zeros([BLOCK_M], tl.float32)
-        for s in range(0, segments):
-            c1 += tl.load(Sums + s * M + rows, mask=row_ok, other=0.0)
-            if not IS_RMS:
-                c2 += tl.load(Sums + (segments + s) * M + rows, mask=row_ok, other=0.0)
+        c1 = tl.load(Sums + rows, mask=row_ok, other=0.0)
+        c2 = c1 if IS_RMS else tl.load(Sums + M + rows, mask=row_ok, other=0.0)
         if IS_RMS:
             xhat = x * rstd
         else:

@@ -32,12 +32,12 @@ TILE_ELEMENTS_FWD = 2048
 FWD_ELEMENTS_PER_THREAD = 16
 MAX_WARPS_FWD = 16
 # Backward, fused kernel: (widest block, elements per tile, warps, programs per multiprocessor),
-# the best setting at 256, 1024, 4096 and 8192 in the sweep at 1b22cd8 (H200, bf16, 2**26
-# elements, kernel only, results/h200_sweep_norms_1b22cd8.txt). LayerNorm holds two more tiles
-# (mean, the bias gradient) than RMSNorm and prefers smaller tiles at 1024-4096.
+# from the sweep at 32288f2 (H200, bf16, 2**26 elements, kernels only,
+# results/h200_sweep_norms_32288f2.txt) at widths 256-8192. LayerNorm holds two more tiles
+# (mean, the bias gradient) than RMSNorm and prefers smaller tiles at 512-2048.
 BWD_CONFIGS = {
-    False: ((256, 8192, 16, 1), (1024, 2048, 4, 2), (4096, 4096, 8, 1), (8192, 8192, 16, 1)),
-    True: ((256, 8192, 16, 1), (1024, 4096, 8, 2), (8192, 8192, 16, 1)),  # is_rms
+    False: ((256, 8192, 16, 1), (2048, 4096, 4, 2), (8192, 8192, 8, 1)),
+    True: ((8192, 8192, 16, 1),),  # is_rms: within 1.3 points of each width's best
 }
 # Backward, split kernels (rows past MAX_BLOCK_N): 2.2-2.9x the previous one-program-per-row
 # kernels at 32768-262144 in the same sweep, and 2.1x the fused kernel for LayerNorm at 16384,
@@ -45,9 +45,9 @@ BWD_CONFIGS = {
 SUMS_CHUNK = 4096  # row sums: elements of a row per load
 SUMS_TILE = 4096  # elements per program and load: rows × chunk
 SUMS_WARPS = 8
-SUMS_SEGMENT = 16384  # elements of a row one program sums, its loads unrolled
-TILES_M = 8  # dx and weight-gradient tiles: rows, columns, warps
-TILES_N = 512
+SUMS_UNROLL = 4  # loads of a row in flight together
+TILES_M = 4  # dx and weight-gradient tiles: rows, columns, warps
+TILES_N = 1024
 TILES_WARPS = 4
 TILES_WAVES = 4  # programs per multiprocessor the grid aims at
 
@@ -220,13 +220,11 @@ def _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms: bool, dx):
     has_w, has_b = weight is not None, bias is not None
     chunk = min(next_power_of_2(n), SUMS_CHUNK)
     rows = max(1, SUMS_TILE // chunk)
-    segment = max(SUMS_SEGMENT, chunk)
-    segments = cdiv(n, segment)
-    sums = alloc((1 if is_rms else 2, segments, m), torch.float32, dev)
+    sums = alloc((1 if is_rms else 2, m), torch.float32, dev)
     flags = dict(IS_RMS=is_rms, HAS_W=has_w)
     launch(
         KB.norm_bwd_row_sums_kernel,
-        (cdiv(m, rows), segments),
+        (cdiv(m, rows),),
         x,
         weight,
         dy,
@@ -239,7 +237,7 @@ def _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms: bool, dx):
         dy.stride(0),
         BLOCK_M=rows,
         BLOCK_N=chunk,
-        SEGMENT=segment,
+        UNROLL=SUMS_UNROLL,
         num_warps=SUMS_WARPS,
         **flags,
     )
@@ -269,7 +267,6 @@ def _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms: bool, dx):
         dy.stride(0),
         dh_arg.stride(0),
         rows_per_group,
-        segments,
         HAS_B=has_b,
         HAS_DH=dh is not None,
         BLOCK_M=TILES_M,
