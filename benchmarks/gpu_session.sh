@@ -3,8 +3,11 @@
 # CSV, logs and the pairs' observations under $OUT.
 # Usage (in the device command): FUSEWISE_COMMIT=<sha> TESTS="tests/a.py ..." \
 #   bash benchmarks/gpu_session.sh [serial] [tests] [replay] [capture] [demo] [host] [pairs]
+#   [norms] [sweep]
 #   (.whl carried: Liger and CCE for tests; serial: SERIAL_TESTS without xdist, for tests that
-#   time a launch-bound step and fail when other processes share the GPU)
+#   time a launch-bound step and fail when other processes share the GPU; norms: bench_norms
+#   against torch and Liger, kernels only, one process per op so a timeout loses one op, then the
+#   shipped settings' sweep in bf16 and fp32; sweep: the split and fused backward's settings)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -39,6 +42,20 @@ for what in "$@"; do
           > "$OUT/bench_norms_modes_$elements.txt"
         sed -n '/# summary/,$p' "$OUT/bench_norms_modes_$elements.txt"
       done ;;
+    norms)
+      for op in layer_norm rms_norm add_rms_norm; do
+        timeout ${NORMS_S:-100} python benchmarks/bench_norms.py --ops $op --dtypes bf16 \
+          --providers fusewise,torch,liger --timings graph --csv "$OUT/bench_norms.csv" 2>&1 \
+          | grep -v USDT > "$OUT/bench_norms_$op.txt"
+        sed -n "/# summary/,\$p" "$OUT/bench_norms_$op.txt"
+      done
+      timeout 120 python benchmarks/sweep_norm_configs.py --parts fwd,bwd --dtypes bf16,fp32 \
+        --csv "$OUT/sweep_norms.csv" 2>&1 | grep -v USDT | tee "$OUT/sweep_norms.txt" ;;
+    sweep)
+      S=benchmarks/sweep_norm_configs.py
+      (timeout 80 python $S --parts split --csv "$OUT/sweep_norms.csv"
+       timeout 100 python $S --parts fused --ops layer_norm --dtypes fp32 \
+         --csv "$OUT/sweep_norms.csv") 2>&1 | grep -v USDT | tee -a "$OUT/sweep_norms.txt" ;;
     pairs)
       (cd benchmarks && timeout ${PAIRS_S:-300} python predict_pairs.py --configs demo \
         --rounds ${ROUNDS:-8} --dump-obs "$OUT/pairs_obs.pkl.gz" 2>&1 | grep -v USDT | tail -13)
