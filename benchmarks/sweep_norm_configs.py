@@ -71,15 +71,16 @@ def settings(part: str, op: str):
     is_rms = op == "rms_norm"
     if part == "fused":
         for tile, warps, pps in itertools.product([2048, 4096, 8192], [4, 8, 16], [1, 2]):
-            configs = {**L.BWD_CONFIGS, is_rms: ((1 << 40, tile, warps, pps),)}
+            one = ((1 << 40, tile, warps, pps),)
+            configs = {**L.BWD_CONFIGS, (is_rms, 2): one, (is_rms, 4): one}
             yield f"tile={tile} warps={warps} pps={pps}", {"BWD_CONFIGS": configs}
     elif part == "split":
         for tm, tn, tw, waves, sw, unroll in [
-            (4, 1024, 4, 4, 8, 4),
-            (8, 512, 4, 8, 8, 4),
-            (4, 1024, 4, 4, 8, 2),
-            (4, 1024, 4, 4, 8, 8),
             (4, 1024, 4, 4, 4, 4),
+            (8, 512, 4, 8, 4, 4),
+            (4, 1024, 4, 4, 8, 2),
+            (4, 1024, 4, 4, 4, 8),
+            (4, 1024, 4, 4, 8, 4),
         ]:
             yield (
                 f"m={tm} n={tn} warps={tw} waves={waves} sums_warps={sw} unroll={unroll}",

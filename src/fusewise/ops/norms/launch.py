@@ -31,20 +31,23 @@ WIDE_CHUNK_FWD = 16384
 TILE_ELEMENTS_FWD = 2048
 FWD_ELEMENTS_PER_THREAD = 16
 MAX_WARPS_FWD = 16
-# Backward, fused kernel: (widest block, elements per tile, warps, programs per multiprocessor),
-# from the sweep at 32288f2 (H200, bf16, 2**26 elements, kernels only,
-# results/h200_sweep_norms_32288f2.txt) at widths 256-8192. LayerNorm holds two more tiles
-# (mean, the bias gradient) than RMSNorm and prefers smaller tiles at 512-2048.
+# Backward, fused kernel, by (is_rms, bytes per element): (widest block, elements per tile,
+# warps, programs per multiprocessor), from the sweeps at 32288f2 (bf16) and 6b14187 (LayerNorm
+# in fp32) on an H200 (2**26 elements, kernels only, results/h200_sweep_norms_*.txt), widths
+# 256-8192. LayerNorm holds two more tiles (mean, the bias gradient) than RMSNorm and prefers
+# smaller tiles at 512-2048 in bf16, and in fp32 (where the bf16 setting made 57% at 256, 90%).
 BWD_CONFIGS = {
-    False: ((256, 8192, 16, 1), (2048, 4096, 4, 2), (8192, 8192, 8, 1)),
-    True: ((8192, 8192, 16, 1),),  # is_rms: within 1.3 points of each width's best
+    (False, 2): ((256, 8192, 16, 1), (2048, 4096, 4, 2), (8192, 8192, 8, 1)),
+    (False, 4): ((2048, 2048, 16, 2), (8192, 2048, 8, 1)),
+    (True, 2): ((8192, 8192, 16, 1),),  # within 1.3 points of each width's best
+    (True, 4): ((8192, 8192, 16, 1),),  # 82-99%
 }
 # Backward, split kernels (rows past MAX_BLOCK_N): 2.2-2.9x the previous one-program-per-row
 # kernels at 32768-262144 in the same sweep, and 2.1x the fused kernel for LayerNorm at 16384,
 # whose registers spill there.
 SUMS_CHUNK = 4096  # row sums: elements of a row per load
 SUMS_TILE = 4096  # elements per program and load: rows × chunk
-SUMS_WARPS = 8
+SUMS_WARPS = 4  # 4: +7% for LayerNorm over 8 in the sweep at 6b14187
 SUMS_UNROLL = 4  # loads of a row in flight together
 TILES_M = 4  # dx and weight-gradient tiles: rows, columns, warps
 TILES_N = 1024
@@ -73,10 +76,11 @@ def block_config(n: int) -> tuple[int, int, int]:
     return block_m, block_n, num_warps
 
 
-def bwd_config(n: int, is_rms: bool) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, programs per multiprocessor) for the fused backward."""
+def bwd_config(n: int, is_rms: bool, element_size: int = 2) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, programs per multiprocessor) for the fused backward of rows
+    of n elements of element_size bytes (fp16 takes bf16's settings)."""
     block_n = next_power_of_2(n)
-    configs = BWD_CONFIGS[is_rms]
+    configs = BWD_CONFIGS[is_rms, element_size]
     widest, tile, warps, per_sm = next((c for c in configs if block_n <= c[0]), configs[-1])
     return max(1, tile // block_n), block_n, warps, per_sm
 
@@ -179,7 +183,7 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     if use_wide_path(n, backward=True):
         dw_part, db_part = _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms, dx)
     else:
-        block_m, block_n, num_warps, per_sm = bwd_config(n, is_rms)
+        block_m, block_n, num_warps, per_sm = bwd_config(n, is_rms, x.element_size())
         n_tiles = cdiv(m, block_m)
         programs = min(n_tiles, per_sm * _programs_per_wave(dev))
         dw_part, db_part = _partials(programs, n, has_w, has_b, dev)
