@@ -87,6 +87,29 @@ def test_split_backward_row_tiles_and_groups(op, dname, device, monkeypatch):
     check(op, make_inputs(op, (45, 300), dtype, device), SLACK[dtype])
 
 
+@pytest.mark.parametrize("n", [8192, 8195])
+def test_layer_norm_backward_of_a_huge_constant_row_is_finite(n, device):
+    """A constant row (variance 0, rstd = eps**-0.5) of 2**110 with BERT's eps: x̂ of a column
+    past N would be -inf. Both backward paths (fused at 8192, split at 8195: a ragged last chunk)
+    must keep it out of the row sums, as the float64 reference does."""
+    torch.manual_seed(0)
+    x = torch.randn(2, n, device=device)
+    x[0] = 2.0**110
+    x.requires_grad_()
+    w = torch.ones(n, device=device, requires_grad=True)
+    b = torch.zeros(n, device=device, requires_grad=True)
+    dy = torch.randn(2, n, device=device)
+    import fusewise
+
+    got = torch.autograd.grad(fusewise.ops.layer_norm(x, w, b, eps=1e-12), (x, w, b), dy)
+    leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    y64 = torch.nn.functional.layer_norm(leaves[0], (n,), leaves[1], leaves[2], 1e-12)
+    ref = torch.autograd.grad(y64, leaves, dy.double())
+    for g, r in zip(got, ref):
+        assert torch.isfinite(g).all() and torch.isfinite(r).all()
+        assert rel_err(g, r) < 1e-5
+
+
 def test_backward_paths_by_width():
     """The fused backward holds rows up to 8192 elements; wider rows take the split kernels.
     Each width's fused setting is the one for the smallest block that holds it."""

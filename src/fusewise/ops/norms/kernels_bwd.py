@@ -174,9 +174,11 @@ def norm_bwd_row_sums_kernel(
             dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0)
             x, dy = x.to(tl.float32), dy.to(tl.float32)
             xhat = x * rstd[:, None] if IS_RMS else (x - mean[:, None]) * rstd[:, None]
+            # masked x̂ is -mean·rstd, -inf for a huge constant row, and -inf·0 would be NaN
+            xhat = tl.where(mask, xhat, 0.0)
             if HAS_W:
                 dy = dy * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-            s1 += xhat * dy  # dy is 0 where masked
+            s1 += xhat * dy
             if not IS_RMS:
                 s2 += dy
     tl.store(Sums + rows, tl.sum(s1, axis=1) / N, mask=row_ok)
