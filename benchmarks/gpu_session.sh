@@ -49,7 +49,7 @@ for what in "$@"; do
           | grep -v USDT > "$OUT/bench_norms_$op.txt"
         sed -n "/# summary/,\$p" "$OUT/bench_norms_$op.txt"
       done
-      timeout 120 python benchmarks/sweep_norm_configs.py --parts fwd,bwd --dtypes bf16,fp32 \
+      timeout ${SWEEP_S:-120} python benchmarks/sweep_norm_configs.py --parts fwd,bwd --dtypes bf16,fp32 \
         --csv "$OUT/sweep_norms.csv" 2>&1 | grep -v USDT | tee "$OUT/sweep_norms.txt" ;;
     sweep)
       S=benchmarks/sweep_norm_configs.py
