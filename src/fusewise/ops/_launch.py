@@ -29,12 +29,20 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# Whether kernels are decorated for Triton's interpreter: it reads TRITON_INTERPRET when
+# triton.jit runs, at import, and so does this.
+INTERPRETED = tl.constexpr(bool(knobs.runtime.interpret))
+
+
 @triton.jit
 def round_to(y, DTYPE: tl.constexpr):
-    """fp32 -> DTYPE with round-to-nearest-even on every backend. Triton's interpreter truncates
-    fp32 -> bf16 (3.6), which would make CPU tests disagree with the GPU; rounding the bits first
-    leaves a value bf16 holds exactly, so the final cast is exact on both. NaN passes through."""
-    if DTYPE == tl.bfloat16:
+    """fp32 -> DTYPE with round-to-nearest-even on every backend. On a GPU that is the cast itself
+    (cvt.rn, one instruction per two elements). Triton's interpreter truncates fp32 -> bf16
+    (3.6), which would make CPU tests disagree with the GPU, so there the bits are rounded first,
+    leaving a value bf16 holds exactly. Not on the GPU too: those ~6 integer instructions per
+    element made the norms' forward issue-bound (nvdisasm: 25 instructions per element for
+    LayerNorm, ~19 without them). NaN passes through either way."""
+    if DTYPE == tl.bfloat16 and INTERPRETED:
         bits = y.to(tl.uint32, bitcast=True)
         bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
         y = tl.where(y != y, y, bits.to(tl.float32, bitcast=True))
