@@ -33,6 +33,36 @@ def _dx_tile(x, dy, w, mean, rstd, mask, N, IS_RMS: tl.constexpr, HAS_W: tl.cons
 
 
 @triton.jit
+def _store_dx_and_accumulate(
+    dx, dy, xhat, DH, DX, rows64, cols, mask, stride_dh, N, dw_acc, db_acc,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_DH: tl.constexpr,
+):  # fmt: skip
+    """The tail both dx kernels share: add the residual branch's gradient (add+RMSNorm), write
+    dx, and add the tile's dy·x̂ and dy to the weight- and bias-gradient accumulators."""
+    if HAS_DH:
+        dx += tl.load(DH + rows64 * stride_dh + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    tl.store(DX + rows64 * N + cols[None, :], _round(dx, DX.dtype.element_ty), mask=mask)
+    if HAS_W:
+        dw_acc += dy * xhat
+    if HAS_B:
+        db_acc += dy
+    return dw_acc, db_acc
+
+
+@triton.jit
+def _store_partials(
+    DW_part, DB_part, index, cols, col_ok, N, dw_acc, db_acc,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+):  # fmt: skip
+    """Row `index` of the fp32 partial weight and bias gradients: the accumulators summed over
+    their rows (once, at the end: see norm_bwd_block_kernel)."""
+    if HAS_W:
+        tl.store(DW_part + index.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+    if HAS_B:
+        tl.store(DB_part + index.to(tl.int64) * N + cols, tl.sum(db_acc, axis=0), mask=col_ok)
+
+
+@triton.jit
 def _load_bwd_tile(
     X,
     DY,
@@ -122,18 +152,11 @@ def norm_bwd_block_kernel(
         mask = (rows < M)[:, None] & col_ok[None, :]
         rows64 = rows.to(tl.int64)[:, None]
         dx, xhat = _dx_tile(x, dy, w, mean, rstd, mask, N, IS_RMS, HAS_W)
-        if HAS_DH:
-            dh = tl.load(DH + rows64 * stride_dh + cols[None, :], mask=mask, other=0.0)
-            dx += dh.to(tl.float32)
-        tl.store(DX + rows64 * N + cols[None, :], _round(dx, DX.dtype.element_ty), mask=mask)
-        if HAS_W:
-            dw_acc += dy * xhat
-        if HAS_B:
-            db_acc += dy
-    if HAS_W:
-        tl.store(DW_part + pid.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
-    if HAS_B:
-        tl.store(DB_part + pid.to(tl.int64) * N + cols, tl.sum(db_acc, axis=0), mask=col_ok)
+        dw_acc, db_acc = _store_dx_and_accumulate(
+            dx, dy, xhat, DH, DX, rows64, cols, mask, stride_dh, N, dw_acc, db_acc,
+            HAS_W, HAS_B, HAS_DH,
+        )  # fmt: skip
+    _store_partials(DW_part, DB_part, pid, cols, col_ok, N, dw_acc, db_acc, HAS_W, HAS_B)
 
 
 @triton.jit
@@ -240,20 +263,11 @@ def norm_bwd_tiles_kernel(
         dx = (dy * w if HAS_W else dy) - xhat * c1[:, None]
         if not IS_RMS:
             dx -= c2[:, None]
-        dx = dx * rstd
-        if HAS_DH:
-            dx += tl.load(DH + rows64 * stride_dh + cols[None, :], mask=mask, other=0.0).to(
-                tl.float32
-            )
-        tl.store(DX + rows64 * N + cols[None, :], _round(dx, DX.dtype.element_ty), mask=mask)
-        if HAS_W:
-            dw_acc += dy * xhat
-        if HAS_B:
-            db_acc += dy
-    if HAS_W:
-        tl.store(DW_part + group.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
-    if HAS_B:
-        tl.store(DB_part + group.to(tl.int64) * N + cols, tl.sum(db_acc, axis=0), mask=col_ok)
+        dw_acc, db_acc = _store_dx_and_accumulate(
+            dx * rstd, dy, xhat, DH, DX, rows64, cols, mask, stride_dh, N, dw_acc, db_acc,
+            HAS_W, HAS_B, HAS_DH,
+        )  # fmt: skip
+    _store_partials(DW_part, DB_part, group, cols, col_ok, N, dw_acc, db_acc, HAS_W, HAS_B)
 
 
 @triton.jit
