@@ -3,7 +3,7 @@
 # CSV, logs and the pairs' observations under $OUT.
 # Usage (in the device command): FUSEWISE_COMMIT=<sha> TESTS="tests/a.py ..." \
 #   bash benchmarks/gpu_session.sh [serial] [tests] [replay] [capture] [demo] [host] [pairs]
-#   [norms] [sweep]
+#   [norms] [sweep] [ab]
 #   (.whl carried: Liger and CCE for tests; serial: SERIAL_TESTS without xdist, for tests that
 #   time a launch-bound step and fail when other processes share the GPU; norms: bench_norms
 #   against torch and Liger, kernels only, one process per op so a timeout loses one op, then the
@@ -51,6 +51,20 @@ for what in "$@"; do
       done
       timeout ${SWEEP_S:-120} python benchmarks/sweep_norm_configs.py --parts fwd,bwd --dtypes bf16,fp32 \
         --csv "$OUT/sweep_norms.csv" 2>&1 | grep -v USDT | tee "$OUT/sweep_norms.txt" ;;
+    ab)
+      # the kernels' bf16 rounding, integer bits (before) against the GPU's cast (shipped), one
+      # process per variant and benchmark, alternated over AB_ROUNDS rounds; Liger's rows, which the
+      # variant does not touch, are the control
+      W=benchmarks/with_rounding.py; C="$OUT/ab_rounding.csv"
+      for r in $(seq ${AB_ROUNDS:-2}); do for v in bits native; do
+        timeout 90 python $W $v benchmarks/sweep_norm_configs.py --parts fwd,bwd \
+          --elements 134217728 --csv $C > "$OUT/ab_norms_${v}_$r.txt" 2>&1
+        timeout 60 python $W $v benchmarks/bench_rotary.py --dtypes bf16 --providers fusewise,liger \
+          --modes fwd@graph,fwd_bwd@graph --csv $C > "$OUT/ab_rotary_${v}_$r.txt" 2>&1
+        timeout 90 python $W $v benchmarks/bench_gated.py --shapes 16384x5632:bf16,16384x14336:bf16 \
+          --providers fusewise,liger --csv $C > "$OUT/ab_gated_${v}_$r.txt" 2>&1
+      done; done
+      python benchmarks/ab_summary.py $C | tee "$OUT/ab_summary.txt" ;;
     sweep)
       S=benchmarks/sweep_norm_configs.py
       (timeout 80 python $S --parts split --csv "$OUT/sweep_norms.csv"
