@@ -126,3 +126,38 @@ def test_a_launch_hook_takes_tritons_own_path(which):
     finally:
         hook.remove(seen.append)
     assert len(seen) == 2
+
+
+@triton.jit
+def _round_kernel(X, Y, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + offs, mask=offs < n)
+    tl.store(Y + offs, _launch.round_to(x, Y.dtype.element_ty), mask=offs < n)
+
+
+def test_round_to_bf16_is_round_to_nearest_even():
+    """round_to is the GPU's own cast on a GPU and integer rounding under the interpreter (which
+    truncates): both must give torch's fp32 -> bf16 (round to nearest, ties to even) on ties,
+    values just either side of them, carries into the exponent, infinities, overflow and NaN."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    base = torch.tensor(
+        [1.0, -1.0, 3.0, 1.5, 1e-30, 3e38, -7.25, 65504.0, 0.0], dtype=torch.float64
+    ).to(torch.float32)
+    bits = base.view(torch.int32)
+    # ties below a bf16 with an even then odd last bit, one ulp either side, and the all-ones
+    # low half that carries into the exponent
+    offsets = torch.tensor([0x8000, 0x18000, 0x7FFF, 0x8001, 0xFFFF, 0x17FFF], dtype=torch.int32)
+    x = (bits[:, None] + offsets[None, :]).view(torch.float32).flatten()
+    x = torch.cat([x, torch.tensor([float("inf"), float("-inf"), float("nan"), 3.4e38])])
+    x = torch.cat([x, torch.randn(1000) * 10.0 ** torch.randint(-20, 20, (1000,))])
+    y = torch.full(x.shape, 7.0, dtype=torch.bfloat16)  # poisoned
+    xd, yd = x.to(dev), y.to(dev)
+    _launch.launch(_round_kernel, (triton.cdiv(x.numel(), 256),), xd, yd, x.numel(), BLOCK=256)
+    expected = x.to(torch.bfloat16)
+    got = yd.cpu()
+    assert torch.equal(got.isnan(), expected.isnan())
+    ok = ~expected.isnan()
+    if dev == "cpu":  # the interpreter's own bf16 cast flushes subnormal results (0x8001 -> 0)
+        ok &= x.abs() >= torch.finfo(torch.float32).tiny
+    assert int(ok.sum()) > 1000
+    assert torch.equal(got[ok].view(torch.int16), expected[ok].view(torch.int16))
