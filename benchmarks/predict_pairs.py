@@ -45,6 +45,7 @@ from _rows import commit
 
 import fusewise
 from fusewise.capture import profiler
+from fusewise.demo import ADDRESSED
 from fusewise.examples.gpt import GPTConfig
 from fusewise.verify import compare, interleave_steps
 
@@ -71,7 +72,7 @@ ADDRESSES = {
     "optimizer": {("fusion-chain", "optimizer")},
     "sync": {("host-sync", None), ("host-sync", "explicit-sync")},
 }
-ADDRESSES["demo"] = set().union(*(ADDRESSES[k] for k in ("norm", "attention", "loss", "optimizer")))
+ADDRESSES["demo"] = ADDRESSED  # the demo's fixes: norm, attention, loss and optimizer
 PAIRS = ("demo", "norm", "norm-torch", "attention", "loss", "loss-compile", "optimizer", "sync")
 
 

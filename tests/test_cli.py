@@ -168,6 +168,29 @@ def test_demo_runs_and_shows_before_and_after(capsys, monkeypatch, tmp_path):
     assert "fusion-chain (norm)" in out and "fusion-chain (optimizer)" in out
     # measured interleaved, with the interval and the verdict; the first steps' losses agree
     assert "95% interval" in out and "losses equal over 2 values" in out
+    assert "findings that the clean step fixes" in out or "that the fusewise step fixes" in out
+
+
+def test_the_demo_predicts_from_the_findings_its_fixed_step_addresses():
+    """Launch-overhead and idle-gap findings name fixes the fixed step does not make (CUDA graphs,
+    the host): they are listed apart, not added to the saving the fixed step is predicted."""
+    from fusewise.demo import addressed
+    from fusewise.report.findings import Finding
+
+    def finding(kind, ms, pattern=None):
+        return Finding(kind, "t", "x.py:1", ms, 0.0, "fix", pattern=pattern)
+
+    findings = [
+        finding("fusion-chain", 3.0, "norm"),
+        finding("fusion-chain", 1.0, "optimizer"),
+        finding("attention-fallback", 2.0),
+        finding("launch-overhead", 4.0),
+        finding("idle-gap", 0.5),
+        finding("idle-gap", 0.25),
+    ]
+    ours, others = addressed(findings)
+    assert ours == 6.0
+    assert others == {"launch-overhead": 4.0, "idle-gap": 0.75}
 
 
 def test_demo_norms_checks_the_kernels(capsys, monkeypatch, tmp_path):
