@@ -8,8 +8,6 @@ Parts (--parts):
   fwd       the forward with the shipped settings, every width
   bwd       the backward with the shipped settings, every width
   fwdblock  the forward's block path: elements per tile, elements per thread, most warps
-  fwdpersist the forward's block path: one program per row tile, or persistent programs per
-            multiprocessor with and without the next tile's loads in flight
   fwdwide   the forward's wide path: chunk and warps
   fused     the fused backward: elements per tile, warps, programs per SM (one setting for all
             widths up to MAX_BLOCK_N)
@@ -101,13 +99,6 @@ def settings(part: str, op: str):
                 f"tile={tile} ept={ept} max_warps={maxw}",
                 dict(TILE_ELEMENTS_FWD=tile, FWD_ELEMENTS_PER_THREAD=ept, MAX_WARPS_FWD=maxw),
             )
-    elif part == "fwdpersist":
-        yield "per_sm=0", {"FWD_PER_SM": 0, "FWD_PREFETCH": False}
-        for per_sm, prefetch in itertools.product([1, 2, 4], [False, True]):
-            yield (
-                f"per_sm={per_sm} prefetch={int(prefetch)}",
-                {"FWD_PER_SM": per_sm, "FWD_PREFETCH": prefetch},
-            )
     elif part == "fwdwide":
         for chunk, warps in [(16384, 16), (8192, 16), (32768, 32)]:
             yield f"chunk={chunk} warps={warps}", {"WIDE_CHUNK_FWD": chunk, "WIDE_WARPS": warps}
@@ -119,7 +110,6 @@ WIDTHS = {
     "fwd": BLOCK_WIDTHS + WIDE_WIDTHS,
     "bwd": BLOCK_WIDTHS + WIDE_WIDTHS,
     "fwdblock": [1024, 4096, 8192, 16384, 32768],
-    "fwdpersist": [256, 1024, 4096, 8192, 16384, 32768],
     "fwdwide": WIDE_WIDTHS[1:],
     "fused": BLOCK_WIDTHS,
     "split": WIDE_WIDTHS,
