@@ -50,8 +50,7 @@ def pieces():
     rstd = torch.empty(M, device="cuda")
     block_m, block_n, warps = launch.block_config(N)
     grid = (triton_cdiv(M, block_m),)
-    tiles = triton_cdiv(M, block_m)
-    fwd_args = (xd, xd, wd, bd, y, y, mean, rstd, M, N, N, N, 1e-5, tiles, 1)
+    fwd_args = (xd, xd, wd, bd, y, y, mean, rstd, M, N, N, N, 1e-5)
     fwd_meta = dict(
         IS_RMS=False,
         HAS_W=True,
@@ -59,11 +58,10 @@ def pieces():
         HAS_RES=False,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        PREFETCH=False,
         num_warps=warps,
     )
     compiled = K.norm_fwd_block_kernel[grid](*fwd_args, **fwd_meta)
-    consts = (False, True, True, False, block_m, block_n, False)
+    consts = (False, True, True, False, block_m, block_n)
     stream = torch.cuda.current_stream().cuda_stream
 
     def direct():

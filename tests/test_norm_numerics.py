@@ -74,19 +74,6 @@ def test_wide_path(op, dname, device, monkeypatch):
     check(op, make_inputs(op, (9, 1823), dtype, device), SLACK[dtype])
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
-@pytest.mark.parametrize("shape", [(64, 33), (37, 1823), (3, 300)])
-@pytest.mark.parametrize("op", OPS)
-def test_persistent_forward(op, shape, prefetch, device, monkeypatch):
-    """The forward's block path with fewer programs than row tiles (3 here, on any device): each
-    program loops over its tiles, the last program's last tile ragged or past the end, with and
-    without the next tile's loads in flight."""
-    monkeypatch.setattr(norm_launch, "FWD_PER_SM", 1)
-    monkeypatch.setattr(norm_launch, "FWD_PREFETCH", prefetch)
-    monkeypatch.setattr(norm_launch, "_programs_per_wave", lambda device: 3)
-    check(op, make_inputs(op, shape, torch.bfloat16, device), SLACK[torch.bfloat16])
-
-
 @pytest.mark.parametrize("dname", ["fp32", "bf16"])
 @pytest.mark.parametrize("op", OPS)
 def test_split_backward_row_tiles_and_groups(op, dname, device, monkeypatch):

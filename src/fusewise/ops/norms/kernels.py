@@ -22,32 +22,19 @@ from .._launch import round_to as _round
 
 
 @triton.jit
-def _load_raw(X, R, rows, cols, mask, stride_x, stride_r, HAS_RES: tl.constexpr):
-    """x and the residual (x again without one) of a tile, as stored."""
-    rows64 = rows.to(tl.int64)[:, None]
-    x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0)
-    r = tl.load(R + rows64 * stride_r + cols[None, :], mask=mask, other=0.0) if HAS_RES else x
-    return x, r
-
-
-@triton.jit
-def _combine(x, r, H, rows, cols, mask, N, HAS_RES: tl.constexpr, STORE_H: tl.constexpr):
-    """x (or x + residual, rounded to the activation dtype and optionally stored) as fp32."""
-    if HAS_RES:
-        h = _round(x.to(tl.float32) + r.to(tl.float32), H.dtype.element_ty)
-        if STORE_H:
-            tl.store(H + rows.to(tl.int64)[:, None] * N + cols[None, :], h, mask=mask)
-        x = h
-    return x.to(tl.float32)
-
-
-@triton.jit
 def _load_row_tile(
     X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES: tl.constexpr, STORE_H: tl.constexpr
 ):
     """Load x (or x + residual, rounded to the activation dtype and optionally stored) as fp32."""
-    x, r = _load_raw(X, R, rows, cols, mask, stride_x, stride_r, HAS_RES)
-    return _combine(x, r, H, rows, cols, mask, N, HAS_RES, STORE_H)
+    rows64 = rows.to(tl.int64)
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    if HAS_RES:
+        r = tl.load(R + rows64[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
+        h = _round(x.to(tl.float32) + r.to(tl.float32), X.dtype.element_ty)
+        if STORE_H:
+            tl.store(H + rows64[:, None] * N + cols[None, :], h, mask=mask)
+        x = h
+    return x.to(tl.float32)
 
 
 @triton.jit
@@ -65,61 +52,36 @@ def norm_fwd_block_kernel(
     stride_x,
     stride_r,
     eps,
-    n_programs,
-    tiles_per_program,
     IS_RMS: tl.constexpr,
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
     HAS_RES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
-    """Reads x [M, N] (and residual) once, writes y (and h) once, plus rstd (and mean) per row.
-    Program p takes row tiles p, p+P, ... (one each when P is the number of tiles); the weight
-    and bias are loaded once per program. PREFETCH: the next tile's loads are in flight while
-    this one is computed and stored."""
-    pid = tl.program_id(0)
+    """Reads x [M, N] (and residual) once, writes y (and h) once, plus rstd (and mean) per row."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < M
     col_ok = cols < N
-    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else None
-    b = tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_B else None
-    step = n_programs * BLOCK_M
-    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)  # tiles past the end are fully masked off
-    if PREFETCH:
-        nxt = _load_raw(
-            X, R, rows, cols, (rows < M)[:, None] & col_ok[None, :], stride_x, stride_r, HAS_RES
-        )
-    for _ in range(0, tiles_per_program):
-        row_ok = rows < M
-        mask = row_ok[:, None] & col_ok[None, :]
-        if PREFETCH:
-            x_raw, r_raw = nxt
-            ahead = rows + step
-            nxt = _load_raw(
-                X, R, ahead, cols, (ahead < M)[:, None] & col_ok[None, :], stride_x, stride_r,
-                HAS_RES,
-            )  # fmt: skip
-        else:
-            x_raw, r_raw = _load_raw(X, R, rows, cols, mask, stride_x, stride_r, HAS_RES)
-        x = _combine(x_raw, r_raw, H, rows, cols, mask, N, HAS_RES, True)
-        if IS_RMS:
-            rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
-            y = x * rstd[:, None]
-        else:
-            mean = tl.sum(x, axis=1) / N
-            xc = tl.where(mask, x - mean[:, None], 0.0)
-            rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
-            y = xc * rstd[:, None]
-            tl.store(Mean + rows, mean, mask=row_ok)
-        tl.store(Rstd + rows, rstd, mask=row_ok)
-        if HAS_W:
-            y = y * w
-        if HAS_B:
-            y = y + b
-        y_ptrs = Y + rows.to(tl.int64)[:, None] * N + cols[None, :]
-        tl.store(y_ptrs, _round(y, Y.dtype.element_ty), mask=mask)
-        rows += step
+    mask = row_ok[:, None] & col_ok[None, :]
+    x = _load_row_tile(X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES, True)
+    if IS_RMS:
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+        y = x * rstd[:, None]
+    else:
+        mean = tl.sum(x, axis=1) / N
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
+        y = xc * rstd[:, None]
+        tl.store(Mean + rows, mean, mask=row_ok)
+    tl.store(Rstd + rows, rstd, mask=row_ok)
+    if HAS_W:
+        y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_B:
+        y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = Y + rows.to(tl.int64)[:, None] * N + cols[None, :]
+    tl.store(y_ptrs, _round(y, Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit

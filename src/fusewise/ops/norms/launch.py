@@ -31,11 +31,6 @@ WIDE_CHUNK_FWD = 16384
 TILE_ELEMENTS_FWD = 2048
 FWD_ELEMENTS_PER_THREAD = 16
 MAX_WARPS_FWD = 16
-# Forward block path, programs per multiprocessor: 0 launches one program per row tile; N > 0
-# launches at most N per multiprocessor, each looping over row tiles with the weight and bias
-# loaded once, and with FWD_PREFETCH the next tile's loads in flight during this one's math.
-FWD_PER_SM = 0
-FWD_PREFETCH = False
 # Backward, fused kernel, by (is_rms, bytes per element): (widest block, elements per tile,
 # warps, programs per multiprocessor), from the sweeps at 32288f2 (bf16) and 6b14187 (LayerNorm
 # in fp32) on an H200 (2**26 elements, kernels only, results/h200_sweep_norms_*.txt), widths
@@ -147,13 +142,9 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
         )
     else:
         block_m, block_n, num_warps = block_config(n)
-        n_tiles = cdiv(m, block_m)
-        programs = n_tiles
-        if FWD_PER_SM:
-            programs = min(n_tiles, FWD_PER_SM * _programs_per_wave(dev))
         launch(
             K.norm_fwd_block_kernel,
-            (programs,),
+            (cdiv(m, block_m),),
             x,
             r,
             weight,
@@ -167,11 +158,8 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
             x.stride(0),
             stride_r,
             eps,
-            programs,
-            cdiv(n_tiles, programs),
             BLOCK_M=block_m,
             BLOCK_N=block_n,
-            PREFETCH=FWD_PREFETCH and programs < n_tiles,
             num_warps=num_warps,
             **flags,
         )
