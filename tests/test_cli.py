@@ -187,10 +187,11 @@ def test_the_demo_predicts_from_the_findings_its_fixed_step_addresses():
         finding("launch-overhead", 4.0),
         finding("idle-gap", 0.5),
         finding("idle-gap", 0.25),
+        finding("fusion-chain", 0.5, "elementwise"),
     ]
     ours, others = addressed(findings)
     assert ours == 6.0
-    assert others == {"launch-overhead": 4.0, "idle-gap": 0.75}
+    assert others == {"launch-overhead": 4.0, "idle-gap": 0.75, "fusion-chain elementwise": 0.5}
 
 
 def test_demo_norms_checks_the_kernels(capsys, monkeypatch, tmp_path):

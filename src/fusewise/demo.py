@@ -42,13 +42,15 @@ ADDRESSED = {
 
 
 def addressed(findings) -> tuple[float, dict[str, float]]:
-    """(predicted saving of the findings the fixed step addresses, {kind: saving} of the rest)."""
+    """(predicted saving of the findings the fixed step addresses, {"kind[ pattern]": saving}
+    of the rest)."""
     ours, others = 0.0, {}
     for f in findings:
         if (f.kind, f.pattern) in ADDRESSED:
             ours += f.est_saving_ms
         else:
-            others[f.kind] = others.get(f.kind, 0.0) + f.est_saving_ms
+            name = f"{f.kind} {f.pattern}" if f.pattern else f.kind
+            others[name] = others.get(name, 0.0) + f.est_saving_ms
     return ours, others
 
 
@@ -119,7 +121,7 @@ def run(console: Console, *, steps: int = 7, warmup: int = 2) -> int:
     console.print(comparison.describe())
     console.print(losses.describe())
     predicted, others = addressed(before.findings)
-    left_out = ", ".join(f"{kind} {ms:.2f} ms" for kind, ms in others.items() if ms > 0)
+    left_out = ", ".join(f"{name} {ms:.2f} ms" for name, ms in others.items() if ms > 0)
     console.print(
         f"predicted {predicted:.2f} ms (the naive step's findings that the {fixed} step fixes: "
         f"norm, attention, loss, optimizer) against {comparison.saving_ms:.2f} ms measured. "
