@@ -118,6 +118,9 @@ def test_backward_paths_by_width():
     assert norm_launch.bwd_config(4096, is_rms=False) == (2, 4096, 8, 1)
     assert norm_launch.bwd_config(600, is_rms=False) == (4, 1024, 4, 2)
     assert norm_launch.bwd_config(100, is_rms=True) == (64, 128, 16, 1)
+    assert norm_launch.bwd_config(2048, is_rms=True) == (2, 2048, 8, 2)
+    assert norm_launch.bwd_config(1025, is_rms=True) == (2, 2048, 8, 2)
+    assert norm_launch.bwd_config(4096, is_rms=True) == (2, 4096, 16, 1)
     assert norm_launch.bwd_config(256, is_rms=False, element_size=4) == (8, 256, 16, 2)
     assert norm_launch.bwd_config(8192, is_rms=True, element_size=4) == (1, 8192, 16, 1)
 

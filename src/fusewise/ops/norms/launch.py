@@ -21,10 +21,13 @@ from . import kernels_bwd as KB
 # paths with small shapes.
 MAX_BLOCK_N_FWD = 32768  # forward holds only x: 89% of the copy ceiling at 32768 vs 75% chunked
 MAX_BLOCK_N = 8192
-WIDE_WARPS = 16
-# Forward: 16384-element chunks. The sweep (benchmarks/sweep_norm_configs.py, H200, bf16, kernel
-# only) gave 74% / 63% of the copy ceiling at widths 65,536 / 262,144 against 63% / 60% for 4096.
-WIDE_CHUNK_FWD = 16384
+# Forward wide path: 32768-element chunks on 32 warps. The sweep (benchmarks/sweep_norm_configs.py,
+# H200, bf16, kernels only, 2**27 elements, at 7174099) gave RMSNorm 82.8% / 65.6% of the copy
+# ceiling at widths 65,536 / 262,144 against 76.1% / 64.9% for 16384 on 16 warps, LayerNorm
+# 71.2% / 62.4% against 70.5% / 62.6% (16384 had beaten 4096 chunks earlier: 74% / 63% against
+# 63% / 60%).
+WIDE_WARPS = 32
+WIDE_CHUNK_FWD = 32768
 # Forward block-path tiles and warps, from the sweep on an H200 (bf16, 2**27 elements):
 # 2048-element tiles at 16 elements a thread (at most 16 warps) reached 93-97% of the copy
 # ceiling at widths 256..16384.
@@ -36,10 +39,13 @@ MAX_WARPS_FWD = 16
 # in fp32) on an H200 (2**26 elements, kernels only, results/h200_sweep_norms_*.txt), widths
 # 256-8192. LayerNorm holds two more tiles (mean, the bias gradient) than RMSNorm and prefers
 # smaller tiles at 512-2048 in bf16, and in fp32 (where the bf16 setting made 57% at 256, 90%).
+# RMSNorm bf16 at 2048: with the kernels' bf16 rounding done by the GPU's cast (292b72c) the
+# 8192-element tiles fell from 89% to 70-75% there, alone of all widths (the A/B at ad6e6a1 and
+# the sweep at 7174099); 4096-element tiles on 8 warps, 2 per multiprocessor, made 84.8%.
 BWD_CONFIGS = {
     (False, 2): ((256, 8192, 16, 1), (2048, 4096, 4, 2), (8192, 8192, 8, 1)),
     (False, 4): ((2048, 2048, 16, 2), (8192, 2048, 8, 1)),
-    (True, 2): ((8192, 8192, 16, 1),),  # within 1.3 points of each width's best
+    (True, 2): ((1024, 8192, 16, 1), (2048, 4096, 8, 2), (8192, 8192, 16, 1)),
     (True, 4): ((8192, 8192, 16, 1),),  # 82-99%
 }
 # Backward, split kernels (rows past MAX_BLOCK_N): 2.2-2.9x the previous one-program-per-row
@@ -81,7 +87,7 @@ def bwd_config(n: int, is_rms: bool, element_size: int = 2) -> tuple[int, int, i
     of n elements of element_size bytes (fp16 takes bf16's settings)."""
     block_n = next_power_of_2(n)
     configs = BWD_CONFIGS[is_rms, element_size]
-    widest, tile, warps, per_sm = next((c for c in configs if block_n <= c[0]), configs[-1])
+    _, tile, warps, per_sm = next((c for c in configs if block_n <= c[0]), configs[-1])
     return max(1, tile // block_n), block_n, warps, per_sm
 
 
