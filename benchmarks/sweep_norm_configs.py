@@ -94,13 +94,13 @@ def settings(part: str, op: str):
                 ),
             )
     elif part == "fwdblock":
-        for tile, ept, maxw in itertools.product([2048, 4096, 8192], [8, 16], [16, 32]):
+        for tile, ept, maxw in itertools.product([2048, 4096, 8192], [8, 16, 32], [16, 32]):
             yield (
                 f"tile={tile} ept={ept} max_warps={maxw}",
                 dict(TILE_ELEMENTS_FWD=tile, FWD_ELEMENTS_PER_THREAD=ept, MAX_WARPS_FWD=maxw),
             )
     elif part == "fwdwide":
-        for chunk, warps in [(16384, 16), (8192, 16), (32768, 32)]:
+        for chunk, warps in [(16384, 16), (32768, 16), (32768, 32), (65536, 32)]:
             yield f"chunk={chunk} warps={warps}", {"WIDE_CHUNK_FWD": chunk, "WIDE_WARPS": warps}
     else:
         yield "shipped", {}
