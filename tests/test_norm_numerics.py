@@ -110,6 +110,14 @@ def test_layer_norm_backward_of_a_huge_constant_row_is_finite(n, device):
         assert rel_err(g, r) < 1e-5
 
 
+def test_forward_settings_by_width():
+    """2048-element tiles of whole rows; 32 elements a thread, at least 4 and at most 16 warps."""
+    assert norm_launch.block_config(256) == (8, 256, 4)
+    assert norm_launch.block_config(4096) == (1, 4096, 4)
+    assert norm_launch.block_config(8192) == (1, 8192, 8)
+    assert norm_launch.block_config(32768) == (1, 32768, 16)
+
+
 def test_backward_paths_by_width():
     """The fused backward holds rows up to 8192 elements; wider rows take the split kernels.
     Each width's fused setting is the one for the smallest block that holds it."""
