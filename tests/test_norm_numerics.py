@@ -111,10 +111,10 @@ def test_layer_norm_backward_of_a_huge_constant_row_is_finite(n, device):
 
 
 def test_forward_settings_by_width():
-    """2048-element tiles of whole rows; 32 elements a thread, at least 4 and at most 16 warps."""
+    """2048-element tiles of whole rows; 16 elements a thread, at least 4 and at most 16 warps."""
     assert norm_launch.block_config(256) == (8, 256, 4)
-    assert norm_launch.block_config(4096) == (1, 4096, 4)
-    assert norm_launch.block_config(8192) == (1, 8192, 8)
+    assert norm_launch.block_config(4096) == (1, 4096, 8)
+    assert norm_launch.block_config(8192) == (1, 8192, 16)
     assert norm_launch.block_config(32768) == (1, 32768, 16)
 
 
