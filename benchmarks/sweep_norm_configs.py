@@ -10,8 +10,9 @@ Parts (--parts):
   fwdblock  the forward's block path: elements per tile, elements per thread, most warps
   fwdwide   the forward's wide path: chunk and warps
   fused     the fused backward: elements per tile, warps, programs per SM (one setting for all
-            widths up to MAX_BLOCK_N)
-  split     the split backward (rows past MAX_BLOCK_N): tile rows, columns, warps, waves; the
+            widths up to 8192)
+  fused16k  the fused backward at 16384 (warps, programs per SM, prefetch); bf16
+  split     the split backward (rows past the fused kernel's reach): tile rows, columns, warps, waves; the
             row sums' warps and unrolled loads
 
     python benchmarks/sweep_norm_configs.py --csv out.csv --parts fwd,bwd
@@ -71,9 +72,19 @@ def settings(part: str, op: str):
     is_rms = op == "rms_norm"
     if part == "fused":
         for tile, warps, pps in itertools.product([2048, 4096, 8192], [4, 8, 16], [1, 2]):
-            one = ((1 << 40, tile, warps, pps),)
+            one = ((1 << 40, tile, warps, pps, True),)
             configs = {**L.BWD_CONFIGS, (is_rms, 2): one, (is_rms, 4): one}
             yield f"tile={tile} warps={warps} pps={pps}", {"BWD_CONFIGS": configs}
+    elif part == "fused16k":
+        # rows of 16384 in the fused kernel (one row a tile), with and without prefetch, against
+        # the split kernels (part bwd); bf16 only
+        for (warps, pps), load in itertools.product(
+            [(8, 2), (16, 1), (32, 1)], ["prefetch", "at-turn", "at-turn+w"]
+        ):
+            configs = dict(L.BWD_CONFIGS)
+            configs[is_rms, 2] += ((16384, 16384, warps, pps, load == "prefetch"),)
+            values = {"BWD_CONFIGS": configs, "RELOAD_W": load == "at-turn+w"}
+            yield f"warps={warps} pps={pps} loads={load}", values
     elif part == "split":
         for tm, tn, tw, waves, sw, unroll in [
             (4, 1024, 4, 4, 4, 4),
@@ -112,6 +123,7 @@ WIDTHS = {
     "fwdblock": [1024, 4096, 8192, 16384, 32768],
     "fwdwide": WIDE_WIDTHS[1:],
     "fused": BLOCK_WIDTHS,
+    "fused16k": [16384],
     "split": WIDE_WIDTHS,
 }
 

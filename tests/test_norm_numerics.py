@@ -111,26 +111,52 @@ def test_layer_norm_backward_of_a_huge_constant_row_is_finite(n, device):
 
 
 def test_forward_settings_by_width():
-    """2048-element tiles of whole rows; 16 elements a thread, at least 4 and at most 16 warps."""
+    """2048-element tiles of whole rows; 32 elements a thread, at least 4 and at most 16 warps."""
     assert norm_launch.block_config(256) == (8, 256, 4)
-    assert norm_launch.block_config(4096) == (1, 4096, 8)
-    assert norm_launch.block_config(8192) == (1, 8192, 16)
+    assert norm_launch.block_config(4096) == (1, 4096, 4)
+    assert norm_launch.block_config(8192) == (1, 8192, 8)
+    assert norm_launch.block_config(16384) == (1, 16384, 16)
     assert norm_launch.block_config(32768) == (1, 32768, 16)
 
 
 def test_backward_paths_by_width():
-    """The fused backward holds rows up to 8192 elements; wider rows take the split kernels.
-    Each width's fused setting is the one for the smallest block that holds it."""
-    assert not norm_launch.use_wide_path(8192, backward=True)
-    assert norm_launch.use_wide_path(8193, backward=True)
-    assert norm_launch.bwd_config(4096, is_rms=False) == (2, 4096, 8, 1)
-    assert norm_launch.bwd_config(600, is_rms=False) == (4, 1024, 4, 2)
-    assert norm_launch.bwd_config(100, is_rms=True) == (64, 128, 16, 1)
-    assert norm_launch.bwd_config(2048, is_rms=True) == (2, 2048, 8, 2)
-    assert norm_launch.bwd_config(1025, is_rms=True) == (2, 2048, 8, 2)
-    assert norm_launch.bwd_config(4096, is_rms=True) == (2, 4096, 16, 1)
-    assert norm_launch.bwd_config(256, is_rms=False, element_size=4) == (8, 256, 16, 2)
-    assert norm_launch.bwd_config(8192, is_rms=True, element_size=4) == (1, 8192, 16, 1)
+    """The fused backward holds rows up to its widest configured block (8192 elements); wider
+    rows take the split kernels. Each width's fused setting is the one for the smallest block
+    that holds it."""
+    for is_rms, size in [(False, 2), (True, 2), (False, 4), (True, 4)]:
+        assert not norm_launch.use_wide_path(8192, True, is_rms, size)
+        assert norm_launch.use_wide_path(8193, True, is_rms, size)
+    assert norm_launch.bwd_config(4096, is_rms=False) == (2, 4096, 8, 1, True)
+    assert norm_launch.bwd_config(600, is_rms=False) == (4, 1024, 4, 2, True)
+    assert norm_launch.bwd_config(100, is_rms=True) == (64, 128, 16, 1, True)
+    assert norm_launch.bwd_config(2048, is_rms=True) == (2, 2048, 8, 2, True)
+    assert norm_launch.bwd_config(1025, is_rms=True) == (2, 2048, 8, 2, True)
+    assert norm_launch.bwd_config(4096, is_rms=True) == (2, 4096, 16, 1, True)
+    assert norm_launch.bwd_config(256, is_rms=False, element_size=4) == (8, 256, 16, 2, True)
+    assert norm_launch.bwd_config(8192, is_rms=True, element_size=4) == (1, 8192, 16, 1, True)
+
+
+def test_backward_reach_is_capped_by_max_block_n(monkeypatch):
+    """A configured block wider than MAX_BLOCK_N is not used: the split kernels take those rows."""
+    wide = {**norm_launch.BWD_CONFIGS, (True, 2): ((1 << 20, 8192, 16, 1, False),)}
+    monkeypatch.setattr(norm_launch, "BWD_CONFIGS", wide)
+    assert not norm_launch.use_wide_path(16384, True, True, 2)
+    assert norm_launch.use_wide_path(16385, True, True, 2)
+    monkeypatch.setattr(norm_launch, "MAX_BLOCK_N", 4096)
+    assert norm_launch.use_wide_path(4097, True, True, 2)
+
+
+@pytest.mark.parametrize("dname", ["fp32", "bf16"])
+@pytest.mark.parametrize("op", OPS)
+def test_fused_backward_without_prefetch(op, dname, device, monkeypatch):
+    """The fused backward with its loads issued at each tile's turn (the setting for rows too
+    wide to hold two tiles): several tiles per program (3 programs under the interpreter, one
+    per multiprocessor on a GPU), the last tile ragged, and a ragged row."""
+    configs = {key: ((1 << 20, 256, 4, 1, False),) for key in norm_launch.BWD_CONFIGS}
+    monkeypatch.setattr(norm_launch, "BWD_CONFIGS", configs)
+    assert norm_launch.bwd_config(100, op != "layer_norm", DTYPES[dname].itemsize)[-1] is False
+    dtype = DTYPES[dname]
+    check(op, make_inputs(op, (301, 100), dtype, device), SLACK[dtype])
 
 
 @pytest.mark.parametrize("op", OPS)

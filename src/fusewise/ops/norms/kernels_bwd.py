@@ -112,10 +112,14 @@ def norm_bwd_block_kernel(
     HAS_DH: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    RELOAD_W: tl.constexpr = False,
 ):
     """Persistent: program p takes row tiles p, p+P, ...; writes dx, and its fp32 partial sums
     of dy·x̂ and dy into row p of DW_part / DB_part (summed afterwards: deterministic, no atomics).
-    Reads x and dy once, writes dx once."""
+    Reads x and dy once, writes dx once. PREFETCH: the next tile's loads are issued before this
+    tile is computed; without it a tile's loads are issued at its turn, which leaves the registers
+    of a second tile free for rows too wide to hold two (launch.py: BWD_CONFIGS)."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -125,29 +129,26 @@ def norm_bwd_block_kernel(
     dw_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     db_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     # software prefetch: the next tile's loads (statistics too) are in flight while this tile is
-    # computed; a persistent program otherwise idles on every load. Rows too wide for the second
-    # set of registers take the split kernels below (launch.py: MAX_BLOCK_N).
-    nxt = _load_bwd_tile(
-        X, DY, Mean, Rstd, pid, M, stride_x, stride_dy, cols, col_ok, IS_RMS, BLOCK_M
-    )
+    # computed; a persistent program otherwise idles on every load.
+    if PREFETCH:
+        nxt = _load_bwd_tile(
+            X, DY, Mean, Rstd, pid, M, stride_x, stride_dy, cols, col_ok, IS_RMS, BLOCK_M
+        )
     for i in range(0, tiles_per_program):
         tile = pid + i * n_programs
-        x_raw, dy_raw, mean, rstd = nxt
-        nxt = _load_bwd_tile(
-            X,
-            DY,
-            Mean,
-            Rstd,
-            tile + n_programs,
-            M,
-            stride_x,
-            stride_dy,
-            cols,
-            col_ok,
-            IS_RMS,
-            BLOCK_M,
-        )
+        if PREFETCH:
+            x_raw, dy_raw, mean, rstd = nxt
+            nxt = _load_bwd_tile(
+                X, DY, Mean, Rstd, tile + n_programs, M, stride_x, stride_dy, cols, col_ok,
+                IS_RMS, BLOCK_M,
+            )  # fmt: skip
+        else:
+            x_raw, dy_raw, mean, rstd = _load_bwd_tile(
+                X, DY, Mean, Rstd, tile, M, stride_x, stride_dy, cols, col_ok, IS_RMS, BLOCK_M
+            )
         x, dy = x_raw.to(tl.float32), dy_raw.to(tl.float32)
+        if RELOAD_W:  # EXPERIMENT: the weight from L1 each tile, fewer registers held
+            w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) if HAS_W else None
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         mask = (rows < M)[:, None] & col_ok[None, :]
         rows64 = rows.to(tl.int64)[:, None]

@@ -16,11 +16,11 @@ from . import kernels as K
 from . import kernels_bwd as KB
 
 # Widest row the forward keeps in registers; wider rows take the chunked wide path. The backward
-# keeps rows up to MAX_BLOCK_N in registers with the weight-gradient accumulators (the fused
-# kernel); wider rows take the split kernels. Module-level so tests can lower them to reach those
-# paths with small shapes.
+# keeps rows up to the widest block of BWD_CONFIGS in registers with the weight-gradient
+# accumulators (the fused kernel); wider rows take the split kernels. Module-level so tests can
+# lower them to reach those paths with small shapes.
 MAX_BLOCK_N_FWD = 32768  # forward holds only x: 89% of the copy ceiling at 32768 vs 75% chunked
-MAX_BLOCK_N = 8192
+MAX_BLOCK_N = 16384  # a cap on BWD_CONFIGS' widest blocks (tests lower it)
 # Forward wide path: 32768-element chunks on 32 warps. The sweep (benchmarks/sweep_norm_configs.py,
 # H200, bf16, kernels only, 2**27 elements, at 7174099) gave RMSNorm 82.8% / 65.6% of the copy
 # ceiling at widths 65,536 / 262,144 against 76.1% / 64.9% for 16384 on 16 warps, LayerNorm
@@ -31,23 +31,28 @@ WIDE_CHUNK_FWD = 32768
 # Forward block-path tiles and warps, from the sweep on an H200 (bf16, 2**27 elements):
 # 2048-element tiles at 16 elements a thread (at most 16 warps) reached 93-97% of the copy
 # ceiling at widths 256..16384.
+# 32 elements a thread (70d96fb: 4 warps at 4096, 8 at 8192) took LayerNorm at 8192 from 86.1%
+# to 94.9%, RMSNorm level.
 TILE_ELEMENTS_FWD = 2048
-FWD_ELEMENTS_PER_THREAD = 16
+FWD_ELEMENTS_PER_THREAD = 32
 MAX_WARPS_FWD = 16
 # Backward, fused kernel, by (is_rms, bytes per element): (widest block, elements per tile,
-# warps, programs per multiprocessor), from the sweeps at 32288f2 (bf16) and 6b14187 (LayerNorm
+# warps, programs per multiprocessor, prefetch), from the sweeps at 32288f2 (bf16) and 6b14187 (LayerNorm
 # in fp32) on an H200 (2**26 elements, kernels only, results/h200_sweep_norms_*.txt), widths
 # 256-8192. LayerNorm holds two more tiles (mean, the bias gradient) than RMSNorm and prefers
 # smaller tiles at 512-2048 in bf16, and in fp32 (where the bf16 setting made 57% at 256, 90%).
 # RMSNorm bf16 at 2048: with the kernels' bf16 rounding done by the GPU's cast (292b72c) the
 # 8192-element tiles fell from 89% to 70-75% there, alone of all widths (the A/B at ad6e6a1 and
 # the sweep at 7174099); 4096-element tiles on 8 warps, 2 per multiprocessor, made 84.8%.
+# The last entry's widest block is the fused kernel's reach (capped by MAX_BLOCK_N); wider rows
+# take the split kernels.
 BWD_CONFIGS = {
-    (False, 2): ((256, 8192, 16, 1), (2048, 4096, 4, 2), (8192, 8192, 8, 1)),
-    (False, 4): ((2048, 2048, 16, 2), (8192, 2048, 8, 1)),
-    (True, 2): ((1024, 8192, 16, 1), (2048, 4096, 8, 2), (8192, 8192, 16, 1)),
-    (True, 4): ((8192, 8192, 16, 1),),  # 82-99%
+    (False, 2): ((256, 8192, 16, 1, True), (2048, 4096, 4, 2, True), (8192, 8192, 8, 1, True)),
+    (False, 4): ((2048, 2048, 16, 2, True), (8192, 2048, 8, 1, True)),
+    (True, 2): ((1024, 8192, 16, 1, True), (2048, 4096, 8, 2, True), (8192, 8192, 16, 1, True)),
+    (True, 4): ((8192, 8192, 16, 1, True),),  # 82-99%
 }
+RELOAD_W = False  # EXPERIMENT (sweep only): the weight loaded each tile when not prefetching
 # Backward, split kernels (rows past MAX_BLOCK_N): 2.2-2.9x the previous one-program-per-row
 # kernels at 32768-262144 in the same sweep, and 2.1x the fused kernel for LayerNorm at 16384,
 # whose registers spill there.
@@ -82,18 +87,21 @@ def block_config(n: int) -> tuple[int, int, int]:
     return block_m, block_n, num_warps
 
 
-def bwd_config(n: int, is_rms: bool, element_size: int = 2) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, programs per multiprocessor) for the fused backward of rows
-    of n elements of element_size bytes (fp16 takes bf16's settings)."""
+def bwd_config(n: int, is_rms: bool, element_size: int = 2):
+    """(BLOCK_M, BLOCK_N, num_warps, programs per multiprocessor, prefetch) for the fused
+    backward of rows of n elements of element_size bytes (fp16 takes bf16's settings)."""
     block_n = next_power_of_2(n)
     configs = BWD_CONFIGS[is_rms, element_size]
-    _, tile, warps, per_sm = next((c for c in configs if block_n <= c[0]), configs[-1])
-    return max(1, tile // block_n), block_n, warps, per_sm
+    _, tile, warps, per_sm, prefetch = next((c for c in configs if block_n <= c[0]), configs[-1])
+    return max(1, tile // block_n), block_n, warps, per_sm, prefetch
 
 
-def use_wide_path(n: int, backward: bool = False) -> bool:
-    """Forward: the chunked kernel. Backward: the split kernels."""
-    return n > (MAX_BLOCK_N if backward else MAX_BLOCK_N_FWD)
+def use_wide_path(n: int, backward: bool = False, is_rms: bool = False, element_size: int = 2):
+    """Forward: the chunked kernel. Backward: the split kernels, past the widest fused block
+    for this op and element size."""
+    if not backward:
+        return n > MAX_BLOCK_N_FWD
+    return n > min(MAX_BLOCK_N, BWD_CONFIGS[is_rms, element_size][-1][0])
 
 
 def _partials(rows: int, n: int, has_w: bool, has_b: bool, dev):
@@ -186,10 +194,11 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     dh_arg = dh if dh is not None else dy
     if mean is None:  # RMS: the kernels never read it; any fp32 buffer holds the place
         mean = rstd
-    if use_wide_path(n, backward=True):
+    size = x.element_size()
+    if use_wide_path(n, backward=True, is_rms=is_rms, element_size=size):
         dw_part, db_part = _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms, dx)
     else:
-        block_m, block_n, num_warps, per_sm = bwd_config(n, is_rms, x.element_size())
+        block_m, block_n, num_warps, per_sm, prefetch = bwd_config(n, is_rms, size)
         n_tiles = cdiv(m, block_m)
         programs = min(n_tiles, per_sm * _programs_per_wave(dev))
         dw_part, db_part = _partials(programs, n, has_w, has_b, dev)
@@ -218,6 +227,8 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
             HAS_DH=dh is not None,
             BLOCK_M=block_m,
             BLOCK_N=block_n,
+            PREFETCH=prefetch,
+            RELOAD_W=RELOAD_W and not prefetch,
             num_warps=num_warps,
         )
     return dx, *_finish_weight_grads(dw_part, db_part, weight, bias, dev)
