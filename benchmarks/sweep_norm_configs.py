@@ -12,8 +12,8 @@ Parts (--parts):
   fused     the fused backward: elements per tile, warps, programs per SM (one setting for all
             widths up to 8192)
   fused16k  the fused backward at 16384 (warps, programs per SM, prefetch); bf16
-  split     the split backward (rows past the fused kernel's reach): tile rows, columns, warps, waves; the
-            row sums' warps and unrolled loads
+  split     the split backward (rows past the fused kernel's reach): tile rows, columns, warps,
+            waves; the row sums' warps and unrolled loads
 
     python benchmarks/sweep_norm_configs.py --csv out.csv --parts fwd,bwd
 """

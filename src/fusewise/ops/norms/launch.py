@@ -37,9 +37,9 @@ TILE_ELEMENTS_FWD = 2048
 FWD_ELEMENTS_PER_THREAD = 32
 MAX_WARPS_FWD = 16
 # Backward, fused kernel, by (is_rms, bytes per element): (widest block, elements per tile,
-# warps, programs per multiprocessor, prefetch), from the sweeps at 32288f2 (bf16) and 6b14187 (LayerNorm
-# in fp32) on an H200 (2**26 elements, kernels only, results/h200_sweep_norms_*.txt), widths
-# 256-8192. LayerNorm holds two more tiles (mean, the bias gradient) than RMSNorm and prefers
+# warps, programs per multiprocessor, prefetch), from the sweeps at 32288f2 (bf16) and 6b14187
+# (LayerNorm in fp32) on an H200 (2**26 elements, kernels only, results/h200_sweep_norms_*.txt),
+# widths 256-8192. LayerNorm holds two more tiles (mean, the bias gradient) than RMSNorm and prefers
 # smaller tiles at 512-2048 in bf16, and in fp32 (where the bf16 setting made 57% at 256, 90%).
 # RMSNorm bf16 at 2048: with the kernels' bf16 rounding done by the GPU's cast (292b72c) the
 # 8192-element tiles fell from 89% to 70-75% there, alone of all widths (the A/B at ad6e6a1 and
