@@ -78,13 +78,18 @@ def settings(part: str, op: str):
     elif part == "fused16k":
         # rows of 16384 in the fused kernel (one row a tile), with and without prefetch, against
         # the split kernels (part bwd); bf16 only
-        for (warps, pps), load in itertools.product(
-            [(8, 2), (16, 1), (32, 1)], ["prefetch", "at-turn", "at-turn+w"]
-        ):
+        # (experiments: +w reloads the weight each tile, +mem adds the weight-gradient partials
+        # in memory rather than registers)
+        modes = ["prefetch", "at-turn", "at-turn+w", "at-turn+mem", "at-turn+w+mem"]
+        for warps, mode in itertools.product([16, 32], modes):
             configs = dict(L.BWD_CONFIGS)
-            configs[is_rms, 2] += ((16384, 16384, warps, pps, load == "prefetch"),)
-            values = {"BWD_CONFIGS": configs, "RELOAD_W": load == "at-turn+w"}
-            yield f"warps={warps} pps={pps} loads={load}", values
+            configs[is_rms, 2] += ((16384, 16384, warps, 1, mode == "prefetch"),)
+            values = {
+                "BWD_CONFIGS": configs,
+                "RELOAD_W": "+w" in mode,
+                "PARTIALS_IN_MEMORY": "+mem" in mode,
+            }
+            yield f"warps={warps} loads={mode}", values
     elif part == "split":
         for tm, tn, tw, waves, sw, unroll in [
             (4, 1024, 4, 4, 4, 4),

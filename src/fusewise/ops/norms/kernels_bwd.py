@@ -63,6 +63,26 @@ def _store_partials(
 
 
 @triton.jit
+def _add_to_partials(
+    DW_part, DB_part, index, cols, col_ok, N, dw_tile, db_tile, first,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+):  # fmt: skip
+    """Row `index` of the fp32 partial weight and bias gradients += this tile's sums over its
+    rows (written, not added, for the program's first tile). Read-modify-write in memory (L2):
+    the accumulators then need no registers. The barrier orders the previous tile's stores by
+    other threads of the program before these loads."""
+    offs = index.to(tl.int64) * N + cols
+    old_ok = col_ok & (not first)
+    tl.debug_barrier()
+    if HAS_W:
+        dw = tl.sum(dw_tile, axis=0) + tl.load(DW_part + offs, mask=old_ok, other=0.0)
+        tl.store(DW_part + offs, dw, mask=col_ok)
+    if HAS_B:
+        db = tl.sum(db_tile, axis=0) + tl.load(DB_part + offs, mask=old_ok, other=0.0)
+        tl.store(DB_part + offs, db, mask=col_ok)
+
+
+@triton.jit
 def _load_bwd_tile(
     X,
     DY,
@@ -114,6 +134,7 @@ def norm_bwd_block_kernel(
     BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr,
     RELOAD_W: tl.constexpr = False,
+    PARTIALS_IN_MEMORY: tl.constexpr = False,
 ):
     """Persistent: program p takes row tiles p, p+P, ...; writes dx, and its fp32 partial sums
     of dy·x̂ and dy into row p of DW_part / DB_part (summed afterwards: deterministic, no atomics).
@@ -153,11 +174,22 @@ def norm_bwd_block_kernel(
         mask = (rows < M)[:, None] & col_ok[None, :]
         rows64 = rows.to(tl.int64)[:, None]
         dx, xhat = _dx_tile(x, dy, w, mean, rstd, mask, N, IS_RMS, HAS_W)
-        dw_acc, db_acc = _store_dx_and_accumulate(
-            dx, dy, xhat, DH, DX, rows64, cols, mask, stride_dh, N, dw_acc, db_acc,
-            HAS_W, HAS_B, HAS_DH,
-        )  # fmt: skip
-    _store_partials(DW_part, DB_part, pid, cols, col_ok, N, dw_acc, db_acc, HAS_W, HAS_B)
+        if PARTIALS_IN_MEMORY:  # EXPERIMENT
+            zero = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            dw_t, db_t = _store_dx_and_accumulate(
+                dx, dy, xhat, DH, DX, rows64, cols, mask, stride_dh, N, zero, zero,
+                HAS_W, HAS_B, HAS_DH,
+            )  # fmt: skip
+            _add_to_partials(
+                DW_part, DB_part, pid, cols, col_ok, N, dw_t, db_t, i == 0, HAS_W, HAS_B
+            )
+        else:
+            dw_acc, db_acc = _store_dx_and_accumulate(
+                dx, dy, xhat, DH, DX, rows64, cols, mask, stride_dh, N, dw_acc, db_acc,
+                HAS_W, HAS_B, HAS_DH,
+            )  # fmt: skip
+    if not PARTIALS_IN_MEMORY:
+        _store_partials(DW_part, DB_part, pid, cols, col_ok, N, dw_acc, db_acc, HAS_W, HAS_B)
 
 
 @triton.jit
