@@ -11,7 +11,8 @@ Parts (--parts):
   fwdwide   the forward's wide path: chunk and warps
   fused     the fused backward: elements per tile, warps, programs per SM (one setting for all
             widths up to 8192)
-  fused16k  the fused backward at 16384 (warps, programs per SM, prefetch); bf16
+  fused16k  the fused backward at 16384 (warps, prefetch); bf16
+  lean      A/B of the fused backward's order, shipped settings
   split     the split backward (rows past the fused kernel's reach): tile rows, columns, warps,
             waves; the row sums' warps and unrolled loads
 
@@ -78,18 +79,21 @@ def settings(part: str, op: str):
     elif part == "fused16k":
         # rows of 16384 in the fused kernel (one row a tile), with and without prefetch, against
         # the split kernels (part bwd); bf16 only
-        # (experiments: +w reloads the weight each tile, +mem adds the weight-gradient partials
-        # in memory rather than registers)
-        modes = ["prefetch", "at-turn", "at-turn+w", "at-turn+mem", "at-turn+w+mem"]
+        # experiments: +w reloads the weight at each tile; "before" is the order before 'LEAN'
+        modes = ["prefetch", "at-turn", "at-turn+w", "at-turn,before"]
         for warps, mode in itertools.product([16, 32], modes):
             configs = dict(L.BWD_CONFIGS)
             configs[is_rms, 2] += ((16384, 16384, warps, 1, mode == "prefetch"),)
             values = {
                 "BWD_CONFIGS": configs,
                 "RELOAD_W": "+w" in mode,
-                "PARTIALS_IN_MEMORY": "+mem" in mode,
+                "LEAN": "before" not in mode,
             }
             yield f"warps={warps} loads={mode}", values
+    elif part == "lean":
+        # A/B of the fused backward's order (LEAN), shipped settings, alternated twice
+        for label in ["before#1", "lean#1", "before#2", "lean#2"]:
+            yield label, {"LEAN": label.startswith("lean")}
     elif part == "split":
         for tm, tn, tw, waves, sw, unroll in [
             (4, 1024, 4, 4, 4, 4),
@@ -129,6 +133,7 @@ WIDTHS = {
     "fwdwide": WIDE_WIDTHS[1:],
     "fused": BLOCK_WIDTHS,
     "fused16k": [16384],
+    "lean": BLOCK_WIDTHS,
     "split": WIDE_WIDTHS,
 }
 

@@ -20,28 +20,36 @@ from .._launch import round_to as _round
 
 
 @triton.jit
-def _dx_tile(x, dy, w, mean, rstd, mask, N, IS_RMS: tl.constexpr, HAS_W: tl.constexpr):
-    """dx = rstd·(w·dy − x̂·mean(x̂·w·dy) − mean(w·dy)) for a tile of whole rows; also returns x̂."""
+def _xhat(x, mean, rstd, mask, IS_RMS: tl.constexpr):
+    """x̂ = (x − mean)·rstd (RMS: x·rstd), 0 outside the tile's mask (x̂ of a masked element is
+    −mean·rstd, −inf for a huge constant row, and −inf·0 would be NaN in the sums)."""
     xhat = x * rstd[:, None] if IS_RMS else (x - mean[:, None]) * rstd[:, None]
-    xhat = tl.where(mask, xhat, 0.0)
-    wdy = dy * w[None, :] if HAS_W else dy
+    return tl.where(mask, xhat, 0.0)
+
+
+@triton.jit
+def _dx_tile(xhat, dy, w, rstd, N, IS_RMS: tl.constexpr, HAS_W: tl.constexpr):
+    """dx = rstd·(w·dy − x̂·mean(x̂·w·dy) − mean(w·dy)) for a tile of whole rows. w may be in its
+    storage dtype: it is widened here, at its use."""
+    wdy = dy * w.to(tl.float32)[None, :] if HAS_W else dy
     c1 = tl.sum(xhat * wdy, axis=1) / N
     dx = wdy - xhat * c1[:, None]
     if not IS_RMS:
         dx -= (tl.sum(wdy, axis=1) / N)[:, None]
-    return dx * rstd[:, None], xhat
+    return dx * rstd[:, None]
 
 
 @triton.jit
-def _store_dx_and_accumulate(
-    dx, dy, xhat, DH, DX, rows64, cols, mask, stride_dh, N, dw_acc, db_acc,
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_DH: tl.constexpr,
-):  # fmt: skip
-    """The tail both dx kernels share: add the residual branch's gradient (add+RMSNorm), write
-    dx, and add the tile's dy·x̂ and dy to the weight- and bias-gradient accumulators."""
+def _store_dx(dx, DH, DX, rows64, cols, mask, stride_dh, N, HAS_DH: tl.constexpr):
+    """Write dx, plus the residual branch's gradient (add+RMSNorm)."""
     if HAS_DH:
         dx += tl.load(DH + rows64 * stride_dh + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     tl.store(DX + rows64 * N + cols[None, :], _round(dx, DX.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _accumulate(dw_acc, db_acc, dy, xhat, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    """Add the tile's dy·x̂ and dy to the weight- and bias-gradient accumulators."""
     if HAS_W:
         dw_acc += dy * xhat
     if HAS_B:
@@ -60,26 +68,6 @@ def _store_partials(
         tl.store(DW_part + index.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
     if HAS_B:
         tl.store(DB_part + index.to(tl.int64) * N + cols, tl.sum(db_acc, axis=0), mask=col_ok)
-
-
-@triton.jit
-def _add_to_partials(
-    DW_part, DB_part, index, cols, col_ok, N, dw_tile, db_tile, first,
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-):  # fmt: skip
-    """Row `index` of the fp32 partial weight and bias gradients += this tile's sums over its
-    rows (written, not added, for the program's first tile). Read-modify-write in memory (L2):
-    the accumulators then need no registers. The barrier orders the previous tile's stores by
-    other threads of the program before these loads."""
-    offs = index.to(tl.int64) * N + cols
-    old_ok = col_ok & (not first)
-    tl.debug_barrier()
-    if HAS_W:
-        dw = tl.sum(dw_tile, axis=0) + tl.load(DW_part + offs, mask=old_ok, other=0.0)
-        tl.store(DW_part + offs, dw, mask=col_ok)
-    if HAS_B:
-        db = tl.sum(db_tile, axis=0) + tl.load(DB_part + offs, mask=old_ok, other=0.0)
-        tl.store(DB_part + offs, db, mask=col_ok)
 
 
 @triton.jit
@@ -133,8 +121,8 @@ def norm_bwd_block_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr,
+    LEAN: tl.constexpr = True,
     RELOAD_W: tl.constexpr = False,
-    PARTIALS_IN_MEMORY: tl.constexpr = False,
 ):
     """Persistent: program p takes row tiles p, p+P, ...; writes dx, and its fp32 partial sums
     of dy·x̂ and dy into row p of DW_part / DB_part (summed afterwards: deterministic, no atomics).
@@ -144,7 +132,11 @@ def norm_bwd_block_kernel(
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) if HAS_W else None
+    # The weight stays in its storage dtype, widened at each use: a bf16 row of 16384 then takes
+    # half the registers (the fp32 copy spilled there).
+    w = tl.load(W + cols, mask=col_ok, other=0.0) if HAS_W else None
+    if not LEAN and HAS_W:  # EXPERIMENT A/B: the order before
+        w = w.to(tl.float32)
     # accumulate whole tiles and reduce over rows once at the end: a reduction across rows in
     # every iteration costs a shared-memory round trip per tile (seen: 6x slower at N=256)
     dw_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -168,28 +160,21 @@ def norm_bwd_block_kernel(
                 X, DY, Mean, Rstd, tile, M, stride_x, stride_dy, cols, col_ok, IS_RMS, BLOCK_M
             )
         x, dy = x_raw.to(tl.float32), dy_raw.to(tl.float32)
-        if RELOAD_W:  # EXPERIMENT: the weight from L1 each tile, fewer registers held
-            w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) if HAS_W else None
+        if RELOAD_W:  # EXPERIMENT: the weight from L1 at each tile, not held in registers
+            w = tl.load(W + cols, mask=col_ok, other=0.0) if HAS_W else None
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         mask = (rows < M)[:, None] & col_ok[None, :]
-        rows64 = rows.to(tl.int64)[:, None]
-        dx, xhat = _dx_tile(x, dy, w, mean, rstd, mask, N, IS_RMS, HAS_W)
-        if PARTIALS_IN_MEMORY:  # EXPERIMENT
-            zero = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            dw_t, db_t = _store_dx_and_accumulate(
-                dx, dy, xhat, DH, DX, rows64, cols, mask, stride_dh, N, zero, zero,
-                HAS_W, HAS_B, HAS_DH,
-            )  # fmt: skip
-            _add_to_partials(
-                DW_part, DB_part, pid, cols, col_ok, N, dw_t, db_t, i == 0, HAS_W, HAS_B
-            )
-        else:
-            dw_acc, db_acc = _store_dx_and_accumulate(
-                dx, dy, xhat, DH, DX, rows64, cols, mask, stride_dh, N, dw_acc, db_acc,
-                HAS_W, HAS_B, HAS_DH,
-            )  # fmt: skip
-    if not PARTIALS_IN_MEMORY:
-        _store_partials(DW_part, DB_part, pid, cols, col_ok, N, dw_acc, db_acc, HAS_W, HAS_B)
+        xhat = _xhat(x, mean, rstd, mask, IS_RMS)
+        # The weight-gradient sums first: dy is then dead across the row sums dx needs, which
+        # frees a tile's registers there (SASS, sm_90, RMSNorm at 16384 on 16 warps: 47 spills
+        # to none, with the weight in bf16).
+        if LEAN:
+            dw_acc, db_acc = _accumulate(dw_acc, db_acc, dy, xhat, HAS_W, HAS_B)
+        dx = _dx_tile(xhat, dy, w, rstd, N, IS_RMS, HAS_W)
+        _store_dx(dx, DH, DX, rows.to(tl.int64)[:, None], cols, mask, stride_dh, N, HAS_DH)
+        if not LEAN:  # EXPERIMENT A/B: the order before
+            dw_acc, db_acc = _accumulate(dw_acc, db_acc, dy, xhat, HAS_W, HAS_B)
+    _store_partials(DW_part, DB_part, pid, cols, col_ok, N, dw_acc, db_acc, HAS_W, HAS_B)
 
 
 @triton.jit
@@ -296,10 +281,8 @@ def norm_bwd_tiles_kernel(
         dx = (dy * w if HAS_W else dy) - xhat * c1[:, None]
         if not IS_RMS:
             dx -= c2[:, None]
-        dw_acc, db_acc = _store_dx_and_accumulate(
-            dx * rstd, dy, xhat, DH, DX, rows64, cols, mask, stride_dh, N, dw_acc, db_acc,
-            HAS_W, HAS_B, HAS_DH,
-        )  # fmt: skip
+        _store_dx(dx * rstd, DH, DX, rows64, cols, mask, stride_dh, N, HAS_DH)
+        dw_acc, db_acc = _accumulate(dw_acc, db_acc, dy, xhat, HAS_W, HAS_B)
     _store_partials(DW_part, DB_part, group, cols, col_ok, N, dw_acc, db_acc, HAS_W, HAS_B)
 
 

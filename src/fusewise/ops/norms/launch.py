@@ -52,8 +52,8 @@ BWD_CONFIGS = {
     (True, 2): ((1024, 8192, 16, 1, True), (2048, 4096, 8, 2, True), (8192, 8192, 16, 1, True)),
     (True, 4): ((8192, 8192, 16, 1, True),),  # 82-99%
 }
-PARTIALS_IN_MEMORY = False  # EXPERIMENT (sweep only): weight-gradient partials added in L2
-RELOAD_W = False  # EXPERIMENT (sweep only): the weight loaded each tile when not prefetching
+LEAN = True  # EXPERIMENT A/B (sweep only): False: the fused backward's order before
+RELOAD_W = False  # EXPERIMENT (sweep only): the weight loaded at each tile when not prefetching
 # Backward, split kernels (rows past MAX_BLOCK_N): 2.2-2.9x the previous one-program-per-row
 # kernels at 32768-262144 in the same sweep, and 2.1x the fused kernel for LayerNorm at 16384,
 # whose registers spill there.
@@ -229,8 +229,8 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
             BLOCK_M=block_m,
             BLOCK_N=block_n,
             PREFETCH=prefetch,
+            LEAN=LEAN,
             RELOAD_W=RELOAD_W and not prefetch,
-            PARTIALS_IN_MEMORY=PARTIALS_IN_MEMORY,
             num_warps=num_warps,
         )
     return dx, *_finish_weight_grads(dw_part, db_part, weight, bias, dev)
