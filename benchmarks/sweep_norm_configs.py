@@ -81,6 +81,7 @@ def settings(part: str, op: str):
         # the split kernels (part bwd); bf16 only
         # experiments: +w reloads the weight at each tile; "before" is the order before 'LEAN'
         modes = ["prefetch", "at-turn", "at-turn+w", "at-turn,before"]
+        yield "split kernels (shipped)", {}
         for warps, mode in itertools.product([16, 32], modes):
             configs = dict(L.BWD_CONFIGS)
             configs[is_rms, 2] += ((16384, 16384, warps, 1, mode == "prefetch"),)
