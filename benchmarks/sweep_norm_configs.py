@@ -11,8 +11,8 @@ Parts (--parts):
   fwdwide   the forward's wide path: chunk and warps
   fused     the fused backward: elements per tile, warps, programs per SM (one setting for all
             widths up to 8192)
-  fused16k  the fused backward at 16384 (warps, prefetch); bf16
-  lean      A/B of the fused backward's order, shipped settings
+  fused16k  the fused backward at 16384 (warps, prefetch, lean) against the split kernels; bf16
+  lean      A/B of the fused backward's `lean` (launch.Bwd), shipped settings otherwise
   split     the split backward (rows past the fused kernel's reach): tile rows, columns, warps,
             waves; the row sums' warps and unrolled loads
 
@@ -68,33 +68,33 @@ def measure(inputs, op, mode, n, dtype):
     return ms, passes * x.numel() * x.element_size()
 
 
+def _with_16384(is_rms: bool, setting):
+    """BWD_CONFIGS with bf16 rows of 16384 on `setting`, or on the split kernels if None."""
+    bf16 = tuple(c for c in L.BWD_CONFIGS[is_rms, 2] if c.widest < 16384)
+    return {**L.BWD_CONFIGS, (is_rms, 2): bf16 + ((setting,) if setting else ())}
+
+
 def settings(part: str, op: str):
     """(label, {constant: value}) for each setting of a part; shipped values are restored after."""
     is_rms = op == "rms_norm"
     if part == "fused":
         for tile, warps, pps in itertools.product([2048, 4096, 8192], [4, 8, 16], [1, 2]):
-            one = ((1 << 40, tile, warps, pps, True),)
+            one = (L.Bwd(1 << 40, tile, warps, pps),)
             configs = {**L.BWD_CONFIGS, (is_rms, 2): one, (is_rms, 4): one}
             yield f"tile={tile} warps={warps} pps={pps}", {"BWD_CONFIGS": configs}
     elif part == "fused16k":
-        # rows of 16384 in the fused kernel (one row a tile), with and without prefetch, against
-        # the split kernels (part bwd); bf16 only
-        # experiments: +w reloads the weight at each tile; "before" is the order before 'LEAN'
-        modes = ["prefetch", "at-turn", "at-turn+w", "at-turn,before"]
-        yield "split kernels (shipped)", {}
-        for warps, mode in itertools.product([16, 32], modes):
-            configs = dict(L.BWD_CONFIGS)
-            configs[is_rms, 2] += ((16384, 16384, warps, 1, mode == "prefetch"),)
-            values = {
-                "BWD_CONFIGS": configs,
-                "RELOAD_W": "+w" in mode,
-                "LEAN": "before" not in mode,
-            }
-            yield f"warps={warps} loads={mode}", values
+        # rows of 16384 in the fused kernel (one row a tile) against the split kernels; bf16
+        yield "split kernels", {"BWD_CONFIGS": _with_16384(is_rms, None)}
+        for warps, prefetch, lean in itertools.product([16, 32], [True, False], [True, False]):
+            setting = L.Bwd(16384, 16384, warps, 1, prefetch, lean)
+            label = f"warps={warps} prefetch={prefetch} lean={lean}"
+            yield label, {"BWD_CONFIGS": _with_16384(is_rms, setting)}
     elif part == "lean":
-        # A/B of the fused backward's order (LEAN), shipped settings, alternated twice
+        # A/B of the fused backward's `lean` at every width, alternated twice
         for label in ["before#1", "lean#1", "before#2", "lean#2"]:
-            yield label, {"LEAN": label.startswith("lean")}
+            lean = label.startswith("lean")
+            configs = {k: tuple(c._replace(lean=lean) for c in v) for k, v in L.BWD_CONFIGS.items()}
+            yield label, {"BWD_CONFIGS": configs}
     elif part == "split":
         for tm, tn, tw, waves, sw, unroll in [
             (4, 1024, 4, 4, 4, 4),

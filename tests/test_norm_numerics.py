@@ -120,25 +120,36 @@ def test_forward_settings_by_width():
 
 
 def test_backward_paths_by_width():
-    """The fused backward holds rows up to its widest configured block (8192 elements); wider
-    rows take the split kernels. Each width's fused setting is the one for the smallest block
-    that holds it."""
-    for is_rms, size in [(False, 2), (True, 2), (False, 4), (True, 4)]:
+    """The fused backward holds rows up to its widest configured block (8192 elements, 16384 for
+    RMSNorm in bf16); wider rows take the split kernels. Each width's fused setting is the one for
+    the smallest block that holds it."""
+    for is_rms, size in [(False, 2), (False, 4), (True, 4)]:
         assert not norm_launch.use_wide_path(8192, True, is_rms, size)
         assert norm_launch.use_wide_path(8193, True, is_rms, size)
-    assert norm_launch.bwd_config(4096, is_rms=False) == (2, 4096, 8, 1, True)
-    assert norm_launch.bwd_config(600, is_rms=False) == (4, 1024, 4, 2, True)
-    assert norm_launch.bwd_config(100, is_rms=True) == (64, 128, 16, 1, True)
-    assert norm_launch.bwd_config(2048, is_rms=True) == (2, 2048, 8, 2, True)
-    assert norm_launch.bwd_config(1025, is_rms=True) == (2, 2048, 8, 2, True)
-    assert norm_launch.bwd_config(4096, is_rms=True) == (2, 4096, 16, 1, True)
-    assert norm_launch.bwd_config(256, is_rms=False, element_size=4) == (8, 256, 16, 2, True)
-    assert norm_launch.bwd_config(8192, is_rms=True, element_size=4) == (1, 8192, 16, 1, True)
+    Bwd = norm_launch.Bwd
+    assert norm_launch.bwd_config(4096, is_rms=False) == (2, 4096, Bwd(8192, 8192, 8, 1))
+    assert norm_launch.bwd_config(600, is_rms=False) == (4, 1024, Bwd(2048, 4096, 4, 2, True, True))
+    assert norm_launch.bwd_config(100, is_rms=True) == (64, 128, Bwd(1024, 8192, 16, 1))
+    assert norm_launch.bwd_config(2048, is_rms=True) == (2, 2048, Bwd(2048, 4096, 8, 2))
+    assert norm_launch.bwd_config(1025, is_rms=True)[:2] == (2, 2048)
+    assert norm_launch.bwd_config(4096, is_rms=True) == (
+        2,
+        4096,
+        Bwd(8192, 8192, 16, 1, True, True),
+    )
+    assert norm_launch.bwd_config(256, False, 4) == (8, 256, Bwd(2048, 2048, 16, 2))
+    assert norm_launch.bwd_config(8192, True, 4) == (1, 8192, Bwd(8192, 8192, 16, 1))
+    # RMSNorm in bf16/fp16 holds rows of 16384 (one a tile, 32 warps, loads at each tile's turn)
+    assert not norm_launch.use_wide_path(16384, True, True, 2)
+    assert norm_launch.use_wide_path(16385, True, True, 2)
+    assert norm_launch.bwd_config(16384, True) == (1, 16384, Bwd(16384, 16384, 32, 1, False, True))
+    for is_rms, size in [(False, 2), (False, 4), (True, 4)]:
+        assert norm_launch.use_wide_path(16384, True, is_rms, size)
 
 
 def test_backward_reach_is_capped_by_max_block_n(monkeypatch):
     """A configured block wider than MAX_BLOCK_N is not used: the split kernels take those rows."""
-    wide = {**norm_launch.BWD_CONFIGS, (True, 2): ((1 << 20, 8192, 16, 1, False),)}
+    wide = {**norm_launch.BWD_CONFIGS, (True, 2): (norm_launch.Bwd(1 << 20, 8192, 16, 1),)}
     monkeypatch.setattr(norm_launch, "BWD_CONFIGS", wide)
     assert not norm_launch.use_wide_path(16384, True, True, 2)
     assert norm_launch.use_wide_path(16385, True, True, 2)
@@ -146,16 +157,20 @@ def test_backward_reach_is_capped_by_max_block_n(monkeypatch):
     assert norm_launch.use_wide_path(4097, True, True, 2)
 
 
+@pytest.mark.parametrize("prefetch,lean", [(False, True), (False, False), (True, True)])
 @pytest.mark.parametrize("dname", ["fp32", "bf16"])
 @pytest.mark.parametrize("op", OPS)
-def test_fused_backward_without_prefetch(op, dname, device, monkeypatch):
-    """The fused backward with its loads issued at each tile's turn (the setting for rows too
-    wide to hold two tiles): several tiles per program (3 programs under the interpreter, one
-    per multiprocessor on a GPU), the last tile ragged, and a ragged row."""
-    configs = {key: ((1 << 20, 256, 4, 1, False),) for key in norm_launch.BWD_CONFIGS}
-    monkeypatch.setattr(norm_launch, "BWD_CONFIGS", configs)
-    assert norm_launch.bwd_config(100, op != "layer_norm", DTYPES[dname].itemsize)[-1] is False
+def test_fused_backward_loads_and_order(op, dname, prefetch, lean, device, monkeypatch):
+    """The fused backward's variants (launch.Bwd): loads at each tile's turn (the weight's too)
+    or prefetched, the weight-gradient sums before or after dx. Several tiles per program (3
+    programs under the interpreter, one per multiprocessor on a GPU), the last tile ragged, and a
+    ragged row. (prefetch, not lean) is what test_block_path covers at most widths."""
+    setting = norm_launch.Bwd(1 << 20, 256, 4, 1, prefetch, lean)
+    monkeypatch.setattr(
+        norm_launch, "BWD_CONFIGS", dict.fromkeys(norm_launch.BWD_CONFIGS, (setting,))
+    )
     dtype = DTYPES[dname]
+    assert norm_launch.bwd_config(100, op != "layer_norm", dtype.itemsize)[2] == setting
     check(op, make_inputs(op, (301, 100), dtype, device), SLACK[dtype])
 
 

@@ -9,6 +9,8 @@ so they run inside CUDA-graph capture.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from .._launch import cdiv, launch, next_power_of_2, sm_count
@@ -36,24 +38,54 @@ WIDE_CHUNK_FWD = 32768
 TILE_ELEMENTS_FWD = 2048
 FWD_ELEMENTS_PER_THREAD = 32
 MAX_WARPS_FWD = 16
-# Backward, fused kernel, by (is_rms, bytes per element): (widest block, elements per tile,
-# warps, programs per multiprocessor, prefetch), from the sweeps at 32288f2 (bf16) and 6b14187
-# (LayerNorm in fp32) on an H200 (2**26 elements, kernels only, results/h200_sweep_norms_*.txt),
-# widths 256-8192. LayerNorm holds two more tiles (mean, the bias gradient) than RMSNorm and prefers
-# smaller tiles at 512-2048 in bf16, and in fp32 (where the bf16 setting made 57% at 256, 90%).
-# RMSNorm bf16 at 2048: with the kernels' bf16 rounding done by the GPU's cast (292b72c) the
-# 8192-element tiles fell from 89% to 70-75% there, alone of all widths (the A/B at ad6e6a1 and
-# the sweep at 7174099); 4096-element tiles on 8 warps, 2 per multiprocessor, made 84.8%.
+
+
+class Bwd(NamedTuple):
+    """A fused-backward setting, for rows up to `widest` elements (a power of two)."""
+
+    widest: int
+    tile: int  # elements per tile: rows of a tile = tile // the row's block
+    warps: int
+    per_sm: int  # programs per multiprocessor
+    prefetch: bool = True  # the next tile's loads in flight during this one; without it the
+    # weight is also loaded at each tile (from L1), not held: rows too wide to hold two tiles
+    lean: bool = False  # the weight-gradient sums before dx, the weight held in its storage
+    # dtype: fewer registers live across the row sums (kernels_bwd.norm_bwd_block_kernel)
+
+
+# Backward, fused kernel, by (is_rms, bytes per element), from the sweeps at 32288f2 (bf16) and
+# 6b14187 (LayerNorm in fp32) on an H200 (2**26 elements, kernels only,
+# results/h200_sweep_norms_*.txt), widths 256-8192. LayerNorm holds two more tiles (mean, the
+# bias gradient) than RMSNorm and prefers smaller tiles at 512-2048 in bf16, and in fp32 (where
+# the bf16 setting made 57% at 256, 90%). RMSNorm bf16 at 2048: with the kernels' bf16 rounding
+# done by the GPU's cast (292b72c) the 8192-element tiles fell from 89% to 70-75% there, alone of
+# all widths (the A/B at ad6e6a1 and the sweep at 7174099); 4096-element tiles on 8 warps, 2 per
+# multiprocessor, made 84.8%.
+# `lean` from the A/B at c823e60 (2**27 elements, two alternated rounds, backward alone, % of the
+# copy ceiling, before -> lean): LayerNorm bf16 256-1024 88.1/86.0/77.8 -> 90.5/86.9/80.5 but
+# 4096 85.1 -> 74.7; RMSNorm fp32 256-1024 90.3/84.4/93.9 -> 97.0/98.0/98.5 but 4096 101.3 ->
+# 98.6; RMSNorm bf16 256 94.0 -> 89.1, 4096 93.1 -> 93.7; LayerNorm fp32 level (within 0.7).
+# RMSNorm bf16 at 16384, one row a tile on 32 warps, loads at each tile's turn, lean: 90.4%
+# against 56.8% for the split kernels in the same sweep (74.2% with the weight held in registers,
+# 54.7% with prefetch: SASS sm_90 shows 0 / 12 / 31 spilled registers). LayerNorm at 16384 stays
+# on the split kernels: 45.7% against 28.5% at best fused (its bias gradient adds a row).
 # The last entry's widest block is the fused kernel's reach (capped by MAX_BLOCK_N); wider rows
 # take the split kernels.
 BWD_CONFIGS = {
-    (False, 2): ((256, 8192, 16, 1, True), (2048, 4096, 4, 2, True), (8192, 8192, 8, 1, True)),
-    (False, 4): ((2048, 2048, 16, 2, True), (8192, 2048, 8, 1, True)),
-    (True, 2): ((1024, 8192, 16, 1, True), (2048, 4096, 8, 2, True), (8192, 8192, 16, 1, True)),
-    (True, 4): ((8192, 8192, 16, 1, True),),  # 82-99%
+    (False, 2): (
+        Bwd(256, 8192, 16, 1, lean=True),
+        Bwd(2048, 4096, 4, 2, lean=True),
+        Bwd(8192, 8192, 8, 1),
+    ),
+    (False, 4): (Bwd(2048, 2048, 16, 2), Bwd(8192, 2048, 8, 1)),
+    (True, 2): (
+        Bwd(1024, 8192, 16, 1),
+        Bwd(2048, 4096, 8, 2),
+        Bwd(8192, 8192, 16, 1, lean=True),
+        Bwd(16384, 16384, 32, 1, prefetch=False, lean=True),
+    ),
+    (True, 4): (Bwd(1024, 8192, 16, 1, lean=True), Bwd(8192, 8192, 16, 1)),
 }
-LEAN = True  # EXPERIMENT A/B (sweep only): False: the fused backward's order before
-RELOAD_W = False  # EXPERIMENT (sweep only): the weight loaded at each tile when not prefetching
 # Backward, split kernels (rows past MAX_BLOCK_N): 2.2-2.9x the previous one-program-per-row
 # kernels at 32768-262144 in the same sweep, and 2.1x the fused kernel for LayerNorm at 16384,
 # whose registers spill there.
@@ -88,13 +120,13 @@ def block_config(n: int) -> tuple[int, int, int]:
     return block_m, block_n, num_warps
 
 
-def bwd_config(n: int, is_rms: bool, element_size: int = 2):
-    """(BLOCK_M, BLOCK_N, num_warps, programs per multiprocessor, prefetch) for the fused
-    backward of rows of n elements of element_size bytes (fp16 takes bf16's settings)."""
+def bwd_config(n: int, is_rms: bool, element_size: int = 2) -> tuple[int, int, Bwd]:
+    """(BLOCK_M, BLOCK_N, setting) for the fused backward of rows of n elements of element_size
+    bytes (fp16 takes bf16's settings)."""
     block_n = next_power_of_2(n)
     configs = BWD_CONFIGS[is_rms, element_size]
-    _, tile, warps, per_sm, prefetch = next((c for c in configs if block_n <= c[0]), configs[-1])
-    return max(1, tile // block_n), block_n, warps, per_sm, prefetch
+    setting = next((c for c in configs if block_n <= c.widest), configs[-1])
+    return max(1, setting.tile // block_n), block_n, setting
 
 
 def use_wide_path(n: int, backward: bool = False, is_rms: bool = False, element_size: int = 2):
@@ -102,7 +134,7 @@ def use_wide_path(n: int, backward: bool = False, is_rms: bool = False, element_
     for this op and element size."""
     if not backward:
         return n > MAX_BLOCK_N_FWD
-    return n > min(MAX_BLOCK_N, BWD_CONFIGS[is_rms, element_size][-1][0])
+    return n > min(MAX_BLOCK_N, BWD_CONFIGS[is_rms, element_size][-1].widest)
 
 
 def _partials(rows: int, n: int, has_w: bool, has_b: bool, dev):
@@ -199,9 +231,9 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     if use_wide_path(n, backward=True, is_rms=is_rms, element_size=size):
         dw_part, db_part = _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms, dx)
     else:
-        block_m, block_n, num_warps, per_sm, prefetch = bwd_config(n, is_rms, size)
+        block_m, block_n, setting = bwd_config(n, is_rms, size)
         n_tiles = cdiv(m, block_m)
-        programs = min(n_tiles, per_sm * _programs_per_wave(dev))
+        programs = min(n_tiles, setting.per_sm * _programs_per_wave(dev))
         dw_part, db_part = _partials(programs, n, has_w, has_b, dev)
         launch(
             KB.norm_bwd_block_kernel,
@@ -228,10 +260,9 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
             HAS_DH=dh is not None,
             BLOCK_M=block_m,
             BLOCK_N=block_n,
-            PREFETCH=prefetch,
-            LEAN=LEAN,
-            RELOAD_W=RELOAD_W and not prefetch,
-            num_warps=num_warps,
+            PREFETCH=setting.prefetch,
+            LEAN=setting.lean,
+            num_warps=setting.warps,
         )
     return dx, *_finish_weight_grads(dw_part, db_part, weight, bias, dev)
 
