@@ -174,6 +174,15 @@ def test_fused_backward_loads_and_order(op, dname, prefetch, lean, device, monke
     check(op, make_inputs(op, (301, 100), dtype, device), SLACK[dtype])
 
 
+@pytest.mark.parametrize("op", ["rms_norm", "add_rms_norm"])
+def test_rms_backward_of_rows_up_to_16384_with_the_shipped_setting(op, device):
+    """bf16 rows of 12,289 elements: the fused backward's widest shipped block (16384, loads at
+    each tile's turn), a ragged row, more rows than programs under the interpreter."""
+    assert not norm_launch.use_wide_path(12289, True, True, 2)
+    assert not norm_launch.bwd_config(12289, True, 2)[2].prefetch
+    check(op, make_inputs(op, (7, 12289), torch.bfloat16, device), SLACK[torch.bfloat16])
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_wide_row_at_real_limits(op, device):
     """65,537 elements: past the forward and backward block limits, with the shipped chunking
