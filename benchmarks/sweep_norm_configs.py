@@ -2,7 +2,8 @@
 
 Times the fusewise rms_norm / layer_norm kernels alone (2**26 elements by default), replayed
 from a CUDA graph so host overhead stays out, under each setting of the launch constants; % of
-the copy ceiling by the byte model (forward 2·M·N·s, backward 3·M·N·s). GPU only.
+the copy ceiling by the byte model (forward 2·M·N·s, backward 3·M·N·s; add_rms_norm 4 and 4).
+Ops: layer_norm, rms_norm, add_rms_norm. GPU only.
 
 Parts (--parts):
   fwd       the forward with the shipped settings, every width
@@ -44,26 +45,32 @@ class Inputs:
         self.elements, self.cache = elements, {}
 
     def get(self, op: str, n: int, dtype):
+        """(x, residual or None, w, b, dy, dh or None, h-or-x, mean, rstd)."""
         if (op, n, dtype) not in self.cache:
             self.cache.clear()
             torch.cuda.empty_cache()
             m = self.elements // n
             x = torch.randn(m, n, device="cuda", dtype=dtype)
+            r = torch.randn_like(x) if op == "add_rms_norm" else None
             w = torch.randn(n, device="cuda", dtype=dtype)
-            b = None if op == "rms_norm" else torch.randn_like(w)
-            _, _, mean, rstd = L.norm_forward(x, None, w, b, 1e-6, op == "rms_norm")
-            self.cache[(op, n, dtype)] = (x, w, b, torch.randn_like(x), mean, rstd)
+            b = None if op != "layer_norm" else torch.randn_like(w)
+            _, h, mean, rstd = L.norm_forward(x, r, w, b, 1e-6, op != "layer_norm")
+            dh = torch.randn_like(x) if r is not None else None
+            xn = h if r is not None else x
+            self.cache[(op, n, dtype)] = (x, r, w, b, torch.randn_like(x), dh, xn, mean, rstd)
         return self.cache[(op, n, dtype)]
 
 
 def measure(inputs, op, mode, n, dtype):
-    """(ms, bytes by the byte model) of one forward or backward, kernels only."""
-    x, w, b, dy, mean, rstd = inputs.get(op, n, dtype)
-    is_rms = op == "rms_norm"
+    """(ms, bytes by the byte model) of one forward or backward, kernels only. add_rms_norm's
+    residual adds a read and a write (forward: h) or a read (backward: dh)."""
+    x, r, w, b, dy, dh, xn, mean, rstd = inputs.get(op, n, dtype)
+    is_rms, extra = op != "layer_norm", (2 if r is not None else 0)
     if mode == "fwd":
-        run, passes = (lambda: L.norm_forward(x, None, w, b, 1e-6, is_rms)), 2
+        run, passes = (lambda: L.norm_forward(x, r, w, b, 1e-6, is_rms)), 2 + extra
     else:
-        run, passes = (lambda: L.norm_backward(dy, None, x, w, b, mean, rstd, is_rms)), 3
+        run = lambda: L.norm_backward(dy, dh, xn, w, b, mean, rstd, is_rms)  # noqa: E731
+        passes = 3 + extra // 2
     ms = triton.testing.do_bench(_rows.graph_replay(run), warmup=10, rep=40, return_mode="median")
     return ms, passes * x.numel() * x.element_size()
 
@@ -76,7 +83,7 @@ def _with_16384(is_rms: bool, setting):
 
 def settings(part: str, op: str):
     """(label, {constant: value}) for each setting of a part; shipped values are restored after."""
-    is_rms = op == "rms_norm"
+    is_rms = op != "layer_norm"
     if part == "fused":
         for tile, warps, pps in itertools.product([2048, 4096, 8192], [4, 8, 16], [1, 2]):
             one = (L.Bwd(1 << 40, tile, warps, pps),)

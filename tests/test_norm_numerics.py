@@ -132,11 +132,7 @@ def test_backward_paths_by_width():
     assert norm_launch.bwd_config(100, is_rms=True) == (64, 128, Bwd(1024, 8192, 16, 1))
     assert norm_launch.bwd_config(2048, is_rms=True) == (2, 2048, Bwd(2048, 4096, 8, 2))
     assert norm_launch.bwd_config(1025, is_rms=True)[:2] == (2, 2048)
-    assert norm_launch.bwd_config(4096, is_rms=True) == (
-        2,
-        4096,
-        Bwd(8192, 8192, 16, 1, True, True),
-    )
+    assert norm_launch.bwd_config(4096, is_rms=True) == (2, 4096, Bwd(8192, 8192, 16, 1))
     assert norm_launch.bwd_config(256, False, 4) == (8, 256, Bwd(2048, 2048, 16, 2))
     assert norm_launch.bwd_config(8192, True, 4) == (1, 8192, Bwd(8192, 8192, 16, 1))
     # RMSNorm in bf16/fp16 holds rows of 16384 (one a tile, 32 warps, loads at each tile's turn)
