@@ -4,6 +4,7 @@ under the Triton interpreter."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 from norm_cases import (
     DTYPES,
     OPS,
@@ -168,6 +169,46 @@ def test_fused_backward_loads_and_order(op, dname, prefetch, lean, device, monke
     dtype = DTYPES[dname]
     assert norm_launch.bwd_config(100, op != "layer_norm", dtype.itemsize)[2] == setting
     check(op, make_inputs(op, (301, 100), dtype, device), SLACK[dtype])
+
+
+@pytest.mark.parametrize("prefetch,lean", [(False, True), (False, False), (True, True)])
+@pytest.mark.parametrize("dname", ["fp32", "bf16"])
+@pytest.mark.parametrize("op", OPS)
+def test_fused_backward_variants_without_weight(op, dname, prefetch, lean, device, monkeypatch):
+    """As above with no weight (and no bias): the kernel's weight loads, held or at each tile's
+    turn, must not happen. dx (and add+RMSNorm's residual gradient) against float64, held to
+    eager PyTorch's error in the same dtype."""
+    import fusewise
+
+    setting = norm_launch.Bwd(1 << 20, 256, 4, 1, prefetch, lean)
+    configs = dict.fromkeys(norm_launch.BWD_CONFIGS, (setting,))
+    monkeypatch.setattr(norm_launch, "BWD_CONFIGS", configs)
+    dtype = DTYPES[dname]
+    x = (torch.randn(301, 100, device=device, dtype=dtype) * 2 + 0.5).requires_grad_()
+    r = torch.randn(301, 100, device=device, dtype=dtype).requires_grad_()
+
+    def ref(x, r):  # torch's own ops, in x's dtype
+        if op == "layer_norm":
+            return (F.layer_norm(x, (100,)),)
+        h = x + r if op == "add_rms_norm" else x
+        y = F.rms_norm(h, (100,), eps=1e-6)
+        return (y, h) if op == "add_rms_norm" else (y,)
+
+    if op == "layer_norm":
+        outs = (fusewise.ops.layer_norm(x),)
+    elif op == "rms_norm":
+        outs = (fusewise.ops.rms_norm(x),)
+    else:
+        outs = fusewise.ops.add_rms_norm(x, r, None)
+    leaves = (x, r) if op == "add_rms_norm" else (x,)
+    grads = [torch.randn_like(o) for o in outs]
+    got = torch.autograd.grad(outs, leaves, grads)
+    d64 = [t.detach().double().cpu().requires_grad_() for t in (x, r)]
+    want = torch.autograd.grad(ref(*d64), d64[: len(leaves)], [g.double().cpu() for g in grads])
+    dex = [t.detach().clone().requires_grad_() for t in (x, r)]
+    base = torch.autograd.grad(ref(*dex), dex[: len(leaves)], grads)
+    for g, w64, e in zip(got, want, base):
+        assert rel_err(g, w64) <= rel_err(e, w64) + SLACK[dtype]
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "add_rms_norm"])
