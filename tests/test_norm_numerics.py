@@ -61,7 +61,8 @@ def test_block_path(op, shape_id, dname, device):
 @pytest.mark.parametrize("op", OPS)
 def test_wide_path(op, dname, device, monkeypatch):
     """Rows wider than one block: the chunked forward and the split backward, reached at small
-    sizes by lowering the limits (the same code runs for rows past 32768 / 8192 elements): row
+    sizes by lowering the limits (the same code runs for rows past 32768 / 8192 elements, 16384
+    for RMSNorm's backward in bf16/fp16): row
     sums in steps of two chunks (the last step ragged), ragged column blocks."""
     for name, value in [
         ("MAX_BLOCK_N", 256),

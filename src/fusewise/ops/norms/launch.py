@@ -32,9 +32,8 @@ WIDE_WARPS = 32
 WIDE_CHUNK_FWD = 32768
 # Forward block-path tiles and warps, from the sweep on an H200 (bf16, 2**27 elements):
 # 2048-element tiles at 16 elements a thread (at most 16 warps) reached 93-97% of the copy
-# ceiling at widths 256..16384.
-# 32 elements a thread (70d96fb: 4 warps at 4096, 8 at 8192) took LayerNorm at 8192 from 86.1%
-# to 94.9%, RMSNorm level.
+# ceiling at widths 256..16384, but for LayerNorm at 8192; 32 elements a thread (70d96fb: 4
+# warps at 4096, 8 at 8192) took LayerNorm at 8192 from 86.1% to 94.9%, RMSNorm level.
 TILE_ELEMENTS_FWD = 2048
 FWD_ELEMENTS_PER_THREAD = 32
 MAX_WARPS_FWD = 16
@@ -88,9 +87,9 @@ BWD_CONFIGS = {
     ),
     (True, 4): (Bwd(1024, 8192, 16, 1, lean=True), Bwd(8192, 8192, 16, 1)),
 }
-# Backward, split kernels (rows past MAX_BLOCK_N): 2.2-2.9x the previous one-program-per-row
-# kernels at 32768-262144 in the same sweep, and 2.1x the fused kernel for LayerNorm at 16384,
-# whose registers spill there.
+# Backward, split kernels (rows past the fused kernel's reach, use_wide_path): 2.2-2.9x the
+# previous one-program-per-row kernels at 32768-262144 in the same sweep, and 2.1x the fused
+# kernel for LayerNorm at 16384, whose registers spill there.
 SUMS_CHUNK = 4096  # row sums: elements of a row per load
 SUMS_TILE = 4096  # elements per program and load: rows × chunk
 SUMS_WARPS = 4  # 4: +7% for LayerNorm over 8 in the sweep at 6b14187
