@@ -62,8 +62,8 @@ def test_block_path(op, shape_id, dname, device):
 def test_wide_path(op, dname, device, monkeypatch):
     """Rows wider than one block: the chunked forward and the split backward, reached at small
     sizes by lowering the limits (the same code runs for rows past 32768 / 8192 elements, 16384
-    for RMSNorm's backward in bf16/fp16): row
-    sums in steps of two chunks (the last step ragged), ragged column blocks."""
+    for RMSNorm's backward in bf16/fp16): row sums in steps of two chunks (the last step ragged),
+    ragged column blocks."""
     for name, value in [
         ("MAX_BLOCK_N", 256),
         ("MAX_BLOCK_N_FWD", 256),
