@@ -235,3 +235,62 @@ def test_an_aborted_run_leaves_no_profile_function(tmp_path):
     run.run(str(script), [])
     assert run.ended == "finished" and not run.complete
     assert sys.getprofile() is None
+
+
+class _Session:
+    """What profiler.let_cupti_go reads of a torch.profiler.profile."""
+
+    def __init__(self, *activities):
+        self.activities = list(activities)
+
+
+_CPU, _CUDA = torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA
+
+
+@pytest.mark.parametrize(
+    "cuda_version, activities, before, after",
+    [
+        ("13.0", (_CPU, _CUDA), None, "1"),
+        ("12.6", (_CPU, _CUDA), None, "1"),
+        ("12.4", (_CPU, _CUDA), None, None),  # teardown with CUDA graphs crashed before 12.6
+        (None, (_CPU, _CUDA), None, None),  # a CPU or ROCm build
+        ("13.0", (_CPU,), None, None),  # CUPTI is attached by CUDA sessions only
+        ("13.0", (_CPU, _CUDA), "0", "0"),  # the user's choice, either way
+        ("13.0", (_CPU, _CUDA), "1", "1"),
+    ],
+)
+def test_a_session_tracing_cuda_lets_cupti_go_unless_told_otherwise(
+    monkeypatch, cuda_version, activities, before, after
+):
+    """kineto leaves CUPTI attached after a CUDA session, slowing every later CUDA call of the
+    process, unless TEARDOWN_CUPTI=1 (capture/profiler.py)."""
+    import os
+
+    monkeypatch.setattr(torch.version, "cuda", cuda_version)
+    monkeypatch.setenv("TEARDOWN_CUPTI", before or "placeholder")  # restored after the test
+    if before is None:
+        monkeypatch.delenv("TEARDOWN_CUPTI")
+    set_here = profiler.let_cupti_go(_Session(*activities))
+    assert os.environ.get("TEARDOWN_CUPTI") == after
+    assert set_here == (before is None and after == "1")
+
+
+def test_every_session_asks_for_cupti_to_go(monkeypatch):
+    asked = []
+    monkeypatch.setattr(profiler, "let_cupti_go", asked.append)
+    prof = profiler.start(cuda=False)
+    profiler.stop(prof)
+    profiler.release(prof)
+    assert asked == [prof]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUPTI is attached by CUDA sessions")
+def test_a_diagnosis_on_the_gpu_asks_kineto_to_detach_cupti(monkeypatch):
+    import os
+
+    monkeypatch.setenv("TEARDOWN_CUPTI", "placeholder")  # absent during the test, restored after
+    monkeypatch.delenv("TEARDOWN_CUPTI")
+    x = torch.randn(64, 64, device="cuda")
+    fusewise.diagnose(lambda: (x @ x).relu().sum(), steps=1, warmup=1)
+    safe = profiler._cuda_version(torch.version.cuda) >= profiler.TEARDOWN_SAFE_FROM
+    assert os.environ.get("TEARDOWN_CUPTI") == ("1" if safe else None)

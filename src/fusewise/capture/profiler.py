@@ -6,12 +6,19 @@ own bound methods), so dropping it frees nothing until a garbage collection, whi
 the next profiler session has started. Kineto's results freed then crashed the process on the
 H200 (SIGSEGV in free() from MemoryTraceLogger's destructor, torch 2.11): at exit, and inside
 the next run's parsing with `--sizes`.
+
+Why TEARDOWN_CUPTI is set (enter()): kineto leaves NVIDIA's CUPTI attached to the process after a
+session that traced CUDA unless that variable is "1", and an attached CUPTI slows every later
+CUDA call of the process (pytorch/pytorch#144455: 10-20% of a training step). A diagnosis must
+not leave the user's process slower than it found it, nor time its steps after its own sessions
+on a slower host than during them (benchmarks/profiler_residue.py measures both ways).
 """
 
 from __future__ import annotations
 
 import functools
 import gc
+import os
 import time
 import warnings
 
@@ -27,7 +34,9 @@ def start(cuda: bool) -> torch.profiler.profile:
 
 
 def enter(prof: torch.profiler.profile) -> torch.profiler.profile:
-    """Start a session, with the garbage collector paused until stop(prof) (see pause_gc)."""
+    """Start a session, with the garbage collector paused until stop(prof) (see pause_gc), and
+    CUPTI detached when it stops (see let_cupti_go)."""
+    let_cupti_go(prof)
     pause_gc(prof)
     try:
         with warnings.catch_warnings():
@@ -39,6 +48,37 @@ def enter(prof: torch.profiler.profile) -> torch.profiler.profile:
         resume_gc(prof)
         raise
     return prof
+
+
+TEARDOWN = "TEARDOWN_CUPTI"
+# CUPTI teardown with CUDA graphs crashed before CUDA 12.6 (torch/profiler/profiler.py, which
+# turns teardown off there when inductor's CUDA graphs are on); fixed in 12.6 (pytorch#146604).
+TEARDOWN_SAFE_FROM = (12, 6)
+
+
+def let_cupti_go(prof) -> bool:
+    """Ask kineto to detach CUPTI when a session that traces CUDA stops (TEARDOWN_CUPTI=1, for
+    the process: kineto reads it at the stop and again when a later session re-attaches). Left
+    alone when the variable is already set (the user's choice, either way), when the session
+    traces no CUDA, and on CUDA older than 12.6. A later torch.profiler session of the user's
+    re-attaches CUPTI at its start, as on its first. Returns whether the variable was set here."""
+    if TEARDOWN in os.environ:
+        return False
+    activities = getattr(prof, "activities", None) or ()
+    if torch.profiler.ProfilerActivity.CUDA not in activities:
+        return False
+    if _cuda_version(torch.version.cuda) < TEARDOWN_SAFE_FROM:
+        return False
+    os.environ[TEARDOWN] = "1"
+    return True
+
+
+def _cuda_version(text: str | None) -> tuple[int, ...]:
+    """ "12.6" -> (12, 6); None (a CPU or ROCm build) or anything unreadable -> ()."""
+    try:
+        return tuple(int(part) for part in (text or "").split(".")[:2])
+    except ValueError:
+        return ()
 
 
 def stop(prof: torch.profiler.profile) -> None:

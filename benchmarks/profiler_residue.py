@@ -1,0 +1,213 @@
+"""Does a profiler session leave the process slower? Host time per step of two launch-bound steps
+before and after profiler sessions, one process per mode, the modes alternated:
+
+- torch:     plain torch.profiler sessions (CPU + CUDA), TEARDOWN_CUPTI unset: torch's default;
+- fusewise:  fusewise.diagnose() of each step, TEARDOWN_CUPTI unset (fusewise sets it);
+- kept:      fusewise.diagnose() with TEARDOWN_CUPTI=0 (CUPTI stays attached: fusewise before).
+
+Each process times both steps twice before any session (the second pair is the host's drift
+without a session), runs the sessions, times them twice after, captures the decode step in a
+CUDA graph and replays it against the eager step's tokens (CUPTI re-attached and detached around
+graphs crashed on CUDA < 12.6), runs the sessions again and times once more. A CPU-only Python
+loop is timed beside each step as the host's own speed. GPU only.
+
+python benchmarks/profiler_residue.py [--rounds 2] [--csv FILE]   (the child: --mode M)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+MODES = ("torch", "fusewise", "kept")
+
+
+def _steps():
+    import torch
+    from _pairs_build import build
+
+    from fusewise.examples.decode import looping, make_decoder
+    from fusewise.examples.gpt import GPTConfig
+
+    model, cache, step = make_decoder(batch=1, device="cuda", dtype=torch.bfloat16)
+    token = torch.zeros(1, dtype=torch.long, device="cuda")
+    decode = looping(step, cache, token)
+    small = GPTConfig(vocab=16384, seq=512, d_model=512, heads=8, layers=6, batch=8)
+    gpt = build(small, {"clean"}, sync=False, device="cuda", dtype=torch.bfloat16)
+    # name: (zero-argument step, what diagnose restores, the decoder's parts for the graph check)
+    return {
+        "decode": (decode, [model], (model, cache, step)),
+        "gpt": (gpt[0], list(gpt[1:]), None),
+    }
+
+
+def _host_ms(step, n: int = 40) -> float:
+    """Median host time per step, each from a device sync to a device sync."""
+    import torch
+
+    ms = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        ms.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ms)
+
+
+def _python_ms() -> float:
+    """A CPU-only loop: what the host's own speed did meanwhile."""
+    ms = []
+    for _ in range(9):
+        t0 = time.perf_counter()
+        sum(i * i for i in range(20000))
+        ms.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ms)
+
+
+def _sessions(mode: str, steps: dict) -> float:
+    """The mode's profiler sessions over every step; returns their wall seconds."""
+    import torch
+
+    import fusewise
+
+    t0 = time.perf_counter()
+    for step, restore, _ in steps.values():
+        if mode == "torch":
+            acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            with torch.profiler.profile(activities=acts):
+                for _ in range(3):
+                    step()
+                torch.cuda.synchronize()
+        else:
+            fusewise.diagnose(step, steps=5, warmup=2, restore=restore)
+    return time.perf_counter() - t0
+
+
+def _graph_check(steps: dict) -> str:
+    """The decode step captured in a CUDA graph after the sessions: same tokens as eager?"""
+    import torch
+
+    from fusewise import graphs
+
+    model, cache, step = steps["decode"][2]
+    token = torch.zeros(1, dtype=torch.long, device="cuda")
+    cache.reset()
+    eager = [token]
+    for _ in range(8):
+        eager.append(step(eager[-1]))
+    cache.reset()
+    captured = graphs.capture(step, token.clone())
+    cache.reset()
+    out = [token]
+    for _ in range(8):
+        out.append(captured(out[-1]).clone())
+    same = all(torch.equal(a, b) for a, b in zip(eager, out))
+    cache.reset()
+    return "same" if same else "DIFFERENT"
+
+
+def child(mode: str) -> None:
+    warnings.simplefilter("ignore")
+    steps = _steps()
+    for step, _, _ in steps.values():
+        for _ in range(10):
+            step()
+    rows = []
+
+    def time_all(phase: str) -> None:
+        for name, (step, _, _) in steps.items():
+            rows.append((phase, name, _host_ms(step), _python_ms()))
+
+    time_all("before")
+    time_all("before2")
+    s1 = _sessions(mode, steps)
+    time_all("after")
+    time_all("after2")
+    graph = _graph_check(steps)
+    s2 = _sessions(mode, steps)
+    time_all("after_again")
+    env = os.environ.get("TEARDOWN_CUPTI", "unset")
+    for phase, name, ms, py in rows:
+        print(f"ROW,{mode},{phase},{name},{ms:.4f},{py:.4f}")
+    print(f"META,{mode},sessions_s,{s1:.3f},{s2:.3f},graph,{graph},TEARDOWN_CUPTI,{env}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=MODES)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--csv")
+    a = ap.parse_args()
+    if a.mode:
+        return child(a.mode)
+    from _rows import commit
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rows, meta = [], []
+    for r in range(a.rounds):
+        for mode in MODES:
+            env = dict(os.environ)
+            env.pop("TEARDOWN_CUPTI", None)
+            if mode == "kept":
+                env["TEARDOWN_CUPTI"] = "0"
+            p = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), "--mode", mode],
+                env=env,
+                cwd=here,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            lines = p.stdout.splitlines()
+            if p.returncode:
+                print(f"# {mode} round {r}: exit {p.returncode}\n" + p.stderr[-2000:])
+            rows += [line.split(",")[1:] + [str(r)] for line in lines if line.startswith("ROW,")]
+            meta += [f"round {r} " + line for line in lines if line.startswith("META,")]
+    print("\n".join(meta))
+    print(f"# host ms per step (median of 40), commit {commit()}; python = a CPU-only loop's ms")
+    print(f"{'mode':9} {'step':7} {'phase':12} {'ms':>8} {'python':>7}  round")
+    for mode, phase, name, ms, py, r in rows:
+        print(f"{mode:9} {name:7} {phase:12} {float(ms):8.3f} {float(py):7.3f}  {r}")
+    summary(rows)
+    if a.csv:
+        import csv
+
+        new = not os.path.exists(a.csv)
+        with open(a.csv, "a", newline="") as f:
+            w = csv.writer(f)
+            if new:
+                w.writerow(["mode", "phase", "step", "host_ms", "python_ms", "round", "commit"])
+            w.writerows(row + [commit()] for row in rows)
+
+
+def summary(rows) -> None:
+    """after / before per mode and step: the medians over rounds of each phase's ratio."""
+    by = {}
+    for mode, phase, name, ms, _py, r in rows:
+        by[(mode, name, phase, r)] = float(ms)
+    print("# after / before (each round's 'after' and 'after_again' over its 'before')")
+    for mode in MODES:
+        for name in ("decode", "gpt"):
+            ratios = []
+            drift = []
+            for r in {k[3] for k in by}:
+                b = by.get((mode, name, "before", r))
+                if b is None:
+                    continue
+                drift.append(by[(mode, name, "before2", r)] / b)
+                ratios += [by[(mode, name, ph, r)] / b for ph in ("after", "after2", "after_again")]
+            if ratios:
+                print(
+                    f"{mode:9} {name:7} after/before {min(ratios):.3f}-{max(ratios):.3f}"
+                    f"   before2/before {min(drift):.3f}-{max(drift):.3f}"
+                )
+
+
+if __name__ == "__main__":
+    main()
