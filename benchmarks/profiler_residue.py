@@ -1,9 +1,15 @@
 """Does a profiler session leave the process slower? Host time per step of two launch-bound steps
 before and after profiler sessions, one process per mode, the modes alternated:
 
-- torch:     plain torch.profiler sessions (CPU + CUDA), TEARDOWN_CUPTI unset: torch's default;
-- fusewise:  fusewise.diagnose() of each step, TEARDOWN_CUPTI unset (fusewise sets it);
-- kept:      fusewise.diagnose() with TEARDOWN_CUPTI=0 (CUPTI stays attached: fusewise before).
+- kept:      fusewise.diagnose() of each step with TEARDOWN_CUPTI=0 (CUPTI stays attached after
+             a session: torch's default, and fusewise's before b4cc608);
+- fusewise:  the same with TEARDOWN_CUPTI unset (fusewise sets it to 1, and syncs after a stop);
+- nolazy:    the same with DISABLE_CUPTI_LAZY_REINIT=1 too (kineto re-attaches CUPTI at once
+             after finalizing it, rather than at the next session's start).
+
+A diagnosis must come out the same in every mode: each one's recorded graph is summed (the GPU
+time of its ops, and the largest op's share: at b4cc608 a session started while CUPTI was being
+finalized gave the embedding 12 of 28 ms) and its top findings listed.
 
 Each process times both steps twice before any session (the second pair is the host's drift
 without a session), runs the sessions, times them twice after, captures the decode step in a
@@ -24,7 +30,7 @@ import sys
 import time
 import warnings
 
-MODES = ("torch", "fusewise", "kept")
+MODES = ("kept", "fusewise", "nolazy")
 
 
 def _steps():
@@ -38,7 +44,7 @@ def _steps():
     token = torch.zeros(1, dtype=torch.long, device="cuda")
     decode = looping(step, cache, token)
     small = GPTConfig(vocab=16384, seq=512, d_model=512, heads=8, layers=6, batch=8)
-    gpt = build(small, {"clean"}, sync=False, device="cuda", dtype=torch.bfloat16)
+    gpt = build(small, set(), sync=False, device="cuda", dtype=torch.bfloat16)
     # name: (zero-argument step, what diagnose restores, the decoder's parts for the graph check)
     return {
         "decode": (decode, [model], (model, cache, step)),
@@ -70,22 +76,37 @@ def _python_ms() -> float:
     return statistics.median(ms)
 
 
-def _sessions(mode: str, steps: dict) -> float:
-    """The mode's profiler sessions over every step; returns their wall seconds."""
-    import torch
+def _sessions(steps: dict, seen: list) -> float:
+    """A diagnosis of every step; returns their wall seconds. Each diagnosis' recorded graph and
+    top findings go into `seen`."""
+    import importlib
 
     import fusewise
 
+    driver = importlib.import_module("fusewise.diagnose.driver")
+    analyze, kept = driver.analyze, []
+
+    def keep(obs, ceil, **kw):  # the observation the report is made of
+        kept.append(obs)
+        return analyze(obs, ceil, **kw)
+
     t0 = time.perf_counter()
-    for step, restore, _ in steps.values():
-        if mode == "torch":
-            acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-            with torch.profiler.profile(activities=acts):
-                for _ in range(3):
-                    step()
-                torch.cuda.synchronize()
-        else:
-            fusewise.diagnose(step, steps=5, warmup=2, restore=restore)
+    for name, (step, restore, _) in steps.items():
+        driver.analyze = keep
+        try:
+            report = fusewise.diagnose(step, steps=5, warmup=2, restore=restore)
+        finally:
+            driver.analyze = analyze
+        ops = kept[-1].graph.ops
+        ms = [o.ms or 0.0 for o in ops]
+        top = max(ops, key=lambda o: o.ms or 0.0)
+        findings = " ".join(
+            f"{f.kind}/{f.pattern or '-'}:{f.est_saving_ms:.2f}" for f in report.findings[:4]
+        )
+        seen.append(
+            f"{name},ops {len(ops)},gpu_ms {sum(ms):.2f},largest {top.name} {top.ms or 0:.2f},"
+            f"{findings}"
+        )
     return time.perf_counter() - t0
 
 
@@ -126,13 +147,16 @@ def child(mode: str) -> None:
 
     time_all("before")
     time_all("before2")
-    s1 = _sessions(mode, steps)
+    seen: list = []
+    s1 = _sessions(steps, seen)
     time_all("after")
     time_all("after2")
     graph = _graph_check(steps)
-    s2 = _sessions(mode, steps)
+    s2 = _sessions(steps, seen)
     time_all("after_again")
     env = os.environ.get("TEARDOWN_CUPTI", "unset")
+    for line in seen:
+        print(f"DIAG,{mode},{line}")
     for phase, name, ms, py in rows:
         print(f"ROW,{mode},{phase},{name},{ms:.4f},{py:.4f}")
     print(f"META,{mode},sessions_s,{s1:.3f},{s2:.3f},graph,{graph},TEARDOWN_CUPTI,{env}")
@@ -154,8 +178,11 @@ def main() -> None:
         for mode in MODES:
             env = dict(os.environ)
             env.pop("TEARDOWN_CUPTI", None)
+            env.pop("DISABLE_CUPTI_LAZY_REINIT", None)
             if mode == "kept":
                 env["TEARDOWN_CUPTI"] = "0"
+            if mode == "nolazy":
+                env["DISABLE_CUPTI_LAZY_REINIT"] = "1"
             p = subprocess.run(
                 [sys.executable, os.path.abspath(__file__), "--mode", mode],
                 env=env,
@@ -168,7 +195,7 @@ def main() -> None:
             if p.returncode:
                 print(f"# {mode} round {r}: exit {p.returncode}\n" + p.stderr[-2000:])
             rows += [line.split(",")[1:] + [str(r)] for line in lines if line.startswith("ROW,")]
-            meta += [f"round {r} " + line for line in lines if line.startswith("META,")]
+            meta += [f"round {r} " + line for line in lines if line.startswith(("META,", "DIAG,"))]
     print("\n".join(meta))
     print(f"# host ms per step (median of 40), commit {commit()}; python = a CPU-only loop's ms")
     print(f"{'mode':9} {'step':7} {'phase':12} {'ms':>8} {'python':>7}  round")

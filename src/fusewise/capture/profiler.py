@@ -64,13 +64,16 @@ def let_cupti_go(prof) -> bool:
     re-attaches CUPTI at its start, as on its first. Returns whether the variable was set here."""
     if TEARDOWN in os.environ:
         return False
-    activities = getattr(prof, "activities", None) or ()
-    if torch.profiler.ProfilerActivity.CUDA not in activities:
+    if not _traces_cuda(prof):
         return False
     if _cuda_version(torch.version.cuda) < TEARDOWN_SAFE_FROM:
         return False
     os.environ[TEARDOWN] = "1"
     return True
+
+
+def _traces_cuda(prof) -> bool:
+    return torch.profiler.ProfilerActivity.CUDA in (getattr(prof, "activities", None) or ())
 
 
 def _cuda_version(text: str | None) -> tuple[int, ...]:
@@ -86,6 +89,12 @@ def stop(prof: torch.profiler.profile) -> None:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*Profiler clears events")
             prof.__exit__(None, None, None)
+        if os.environ.get(TEARDOWN) == "1" and _traces_cuda(prof):
+            # kineto finalizes CUPTI from the next CUDA runtime call after the stop. Made here,
+            # before another session can start: at b4cc608 the recorded step's session started
+            # first and CUPTI was finalized under it (on the H200 its kernels' times went to the
+            # step's first op, the embedding: 12 of 28 ms).
+            torch.cuda.synchronize()
     finally:
         resume_gc(prof)
 
