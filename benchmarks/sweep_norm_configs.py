@@ -75,27 +75,26 @@ def measure(inputs, op, mode, n, dtype):
     return ms, passes * x.numel() * x.element_size()
 
 
-def _with_16384(is_rms: bool, setting):
-    """BWD_CONFIGS with bf16 rows of 16384 on `setting`, or on the split kernels if None."""
-    bf16 = tuple(c for c in L.BWD_CONFIGS[is_rms, 2] if c.widest < 16384)
-    return {**L.BWD_CONFIGS, (is_rms, 2): bf16 + ((setting,) if setting else ())}
+def _with_16384(op: str, setting):
+    """BWD_CONFIGS with op's bf16 rows of 16384 on `setting`, or on the split kernels if None."""
+    bf16 = tuple(c for c in L.BWD_CONFIGS[op, 2] if c.widest < 16384)
+    return {**L.BWD_CONFIGS, (op, 2): bf16 + ((setting,) if setting else ())}
 
 
 def settings(part: str, op: str):
     """(label, {constant: value}) for each setting of a part; shipped values are restored after."""
-    is_rms = op != "layer_norm"
     if part == "fused":
         for tile, warps, pps in itertools.product([2048, 4096, 8192], [4, 8, 16], [1, 2]):
             one = (L.Bwd(1 << 40, tile, warps, pps),)
-            configs = {**L.BWD_CONFIGS, (is_rms, 2): one, (is_rms, 4): one}
+            configs = {**L.BWD_CONFIGS, (op, 2): one, (op, 4): one}
             yield f"tile={tile} warps={warps} pps={pps}", {"BWD_CONFIGS": configs}
     elif part == "fused16k":
         # rows of 16384 in the fused kernel (one row a tile) against the split kernels; bf16
-        yield "split kernels", {"BWD_CONFIGS": _with_16384(is_rms, None)}
+        yield "split kernels", {"BWD_CONFIGS": _with_16384(op, None)}
         for warps, prefetch, lean in itertools.product([16, 32], [True, False], [True, False]):
             setting = L.Bwd(16384, 16384, warps, 1, prefetch, lean)
             label = f"warps={warps} prefetch={prefetch} lean={lean}"
-            yield label, {"BWD_CONFIGS": _with_16384(is_rms, setting)}
+            yield label, {"BWD_CONFIGS": _with_16384(op, setting)}
     elif part == "lean":
         # A/B of the fused backward's `lean` at every width, alternated twice
         for label in ["before#1", "lean#1", "before#2", "lean#2"]:

@@ -125,34 +125,66 @@ def test_backward_paths_by_width():
     """The fused backward holds rows up to its widest configured block (8192 elements, 16384 for
     RMSNorm in bf16); wider rows take the split kernels. Each width's fused setting is the one for
     the smallest block that holds it."""
-    for is_rms, size in [(False, 2), (False, 4), (True, 4)]:
-        assert not norm_launch.use_wide_path(8192, True, is_rms, size)
-        assert norm_launch.use_wide_path(8193, True, is_rms, size)
-    Bwd = norm_launch.Bwd
-    assert norm_launch.bwd_config(4096, is_rms=False) == (2, 4096, Bwd(8192, 8192, 8, 1))
-    assert norm_launch.bwd_config(600, is_rms=False) == (4, 1024, Bwd(2048, 4096, 4, 2, True, True))
-    assert norm_launch.bwd_config(100, is_rms=True) == (64, 128, Bwd(1024, 8192, 16, 1))
-    assert norm_launch.bwd_config(2048, is_rms=True) == (2, 2048, Bwd(2048, 4096, 8, 2))
-    assert norm_launch.bwd_config(1025, is_rms=True)[:2] == (2, 2048)
-    assert norm_launch.bwd_config(4096, is_rms=True) == (2, 4096, Bwd(8192, 8192, 16, 1))
-    assert norm_launch.bwd_config(256, False, 4) == (8, 256, Bwd(2048, 2048, 16, 2))
-    assert norm_launch.bwd_config(8192, True, 4) == (1, 8192, Bwd(8192, 8192, 16, 1))
+    L, Bwd = norm_launch, norm_launch.Bwd
+    for op, size in [("layer_norm", 2), ("layer_norm", 4), ("rms_norm", 4), ("add_rms_norm", 4)]:
+        assert not L.use_wide_path(8192, True, op, size)
+        assert L.use_wide_path(8193, True, op, size)
+    assert L.bwd_config(4096, "layer_norm") == (2, 4096, Bwd(8192, 8192, 8, 1))
+    assert L.bwd_config(600, "layer_norm") == (4, 1024, Bwd(2048, 4096, 4, 2, True, True))
+    assert L.bwd_config(100, "rms_norm") == (64, 128, Bwd(1024, 8192, 16, 1))
+    assert L.bwd_config(2048, "rms_norm") == (2, 2048, Bwd(2048, 4096, 8, 2))
+    assert L.bwd_config(1025, "rms_norm")[:2] == (2, 2048)
+    assert L.bwd_config(4096, "rms_norm") == (2, 4096, Bwd(8192, 8192, 16, 1))
+    assert L.bwd_config(256, "layer_norm", 4) == (8, 256, Bwd(2048, 2048, 16, 2))
+    assert L.bwd_config(8192, "rms_norm", 4) == (1, 8192, Bwd(8192, 8192, 16, 1))
+    # add+RMSNorm: lean at 513-1024 in bf16 and at every width in fp32
+    assert L.bwd_config(512, "add_rms_norm") == (16, 512, Bwd(512, 8192, 16, 1))
+    assert L.bwd_config(1000, "add_rms_norm") == (8, 1024, Bwd(1024, 8192, 16, 1, True, True))
+    assert L.bwd_config(4096, "add_rms_norm") == (2, 4096, Bwd(8192, 8192, 16, 1))
+    assert all(L.bwd_config(n, "add_rms_norm", 4)[2].lean for n in (256, 1024, 2048, 8192))
     # RMSNorm in bf16/fp16 holds rows of 16384 (one a tile, 32 warps, loads at each tile's turn)
-    assert not norm_launch.use_wide_path(16384, True, True, 2)
-    assert norm_launch.use_wide_path(16385, True, True, 2)
-    assert norm_launch.bwd_config(16384, True) == (1, 16384, Bwd(16384, 16384, 32, 1, False, True))
-    for is_rms, size in [(False, 2), (False, 4), (True, 4)]:
-        assert norm_launch.use_wide_path(16384, True, is_rms, size)
+    for op in ("rms_norm", "add_rms_norm"):
+        assert not L.use_wide_path(16384, True, op, 2)
+        assert L.use_wide_path(16385, True, op, 2)
+        assert L.bwd_config(16384, op) == (1, 16384, Bwd(16384, 16384, 32, 1, False, True))
+    for op, size in [("layer_norm", 2), ("layer_norm", 4), ("rms_norm", 4), ("add_rms_norm", 4)]:
+        assert L.use_wide_path(16384, True, op, size)
+
+
+@pytest.mark.parametrize(
+    "is_rms, has_dh, op",
+    [(False, False, "layer_norm"), (True, False, "rms_norm"), (True, True, "add_rms_norm")],
+)
+def test_each_backward_takes_its_own_settings(is_rms, has_dh, op, device, monkeypatch):
+    """norm_backward looks its setting up under its own op: add+RMSNorm's (dh added to dx) is
+    not RMSNorm's. Only the op's own settings are left (another key would raise KeyError)."""
+    monkeypatch.setattr(
+        norm_launch, "BWD_CONFIGS", {(op, 4): (norm_launch.Bwd(1 << 20, 64, 4, 1),)}
+    )
+    x, dy, dh = (torch.randn(5, 64, device=device) for _ in range(3))
+    w = torch.randn(64, device=device)
+    rstd = torch.rand(5, device=device) + 0.5
+    mean = None if is_rms else torch.randn(5, device=device)
+    dx, dw, _ = norm_launch.norm_backward(
+        dy, dh if has_dh else None, x, w, None, mean, rstd, is_rms
+    )
+    xhat = (x if is_rms else x - mean[:, None]) * rstd[:, None]
+    g = dy * w
+    c2 = (g * xhat).mean(-1, keepdim=True)
+    c1 = 0 if is_rms else g.mean(-1, keepdim=True)
+    want = (g - c1 - xhat * c2) * rstd[:, None] + (dh if has_dh else 0)
+    torch.testing.assert_close(dx, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(dw, (dy * xhat).sum(0), rtol=1e-4, atol=1e-4)
 
 
 def test_backward_reach_is_capped_by_max_block_n(monkeypatch):
     """A configured block wider than MAX_BLOCK_N is not used: the split kernels take those rows."""
-    wide = {**norm_launch.BWD_CONFIGS, (True, 2): (norm_launch.Bwd(1 << 20, 8192, 16, 1),)}
+    wide = {**norm_launch.BWD_CONFIGS, ("rms_norm", 2): (norm_launch.Bwd(1 << 20, 8192, 16, 1),)}
     monkeypatch.setattr(norm_launch, "BWD_CONFIGS", wide)
-    assert not norm_launch.use_wide_path(16384, True, True, 2)
-    assert norm_launch.use_wide_path(16385, True, True, 2)
+    assert not norm_launch.use_wide_path(16384, True, "rms_norm", 2)
+    assert norm_launch.use_wide_path(16385, True, "rms_norm", 2)
     monkeypatch.setattr(norm_launch, "MAX_BLOCK_N", 4096)
-    assert norm_launch.use_wide_path(4097, True, True, 2)
+    assert norm_launch.use_wide_path(4097, True, "rms_norm", 2)
 
 
 @pytest.mark.parametrize("prefetch,lean", [(False, True), (False, False), (True, True)])
@@ -168,7 +200,7 @@ def test_fused_backward_loads_and_order(op, dname, prefetch, lean, device, monke
         norm_launch, "BWD_CONFIGS", dict.fromkeys(norm_launch.BWD_CONFIGS, (setting,))
     )
     dtype = DTYPES[dname]
-    assert norm_launch.bwd_config(100, op != "layer_norm", dtype.itemsize)[2] == setting
+    assert norm_launch.bwd_config(100, op, dtype.itemsize)[2] == setting
     check(op, make_inputs(op, (301, 100), dtype, device), SLACK[dtype])
 
 
@@ -216,8 +248,8 @@ def test_fused_backward_variants_without_weight(op, dname, prefetch, lean, devic
 def test_rms_backward_of_rows_up_to_16384_with_the_shipped_setting(op, device):
     """bf16 rows of 12,289 elements: the fused backward's widest shipped block (16384, loads at
     each tile's turn), a ragged row, more rows than programs under the interpreter."""
-    assert not norm_launch.use_wide_path(12289, True, True, 2)
-    assert not norm_launch.bwd_config(12289, True, 2)[2].prefetch
+    assert not norm_launch.use_wide_path(12289, True, op, 2)
+    assert not norm_launch.bwd_config(12289, op, 2)[2].prefetch
     check(op, make_inputs(op, (7, 12289), torch.bfloat16, device), SLACK[torch.bfloat16])
 
 

@@ -70,22 +70,35 @@ class Bwd(NamedTuple):
 # against 56.8% for the split kernels in the same sweep (74.2% with the weight held in registers,
 # 54.7% with prefetch: SASS sm_90 shows 0 / 12 / 31 spilled registers). LayerNorm at 16384 stays
 # on the split kernels: 45.7% against 28.5% at best fused (its bias gradient adds a row).
+# add+RMSNorm (the kernel with HAS_DH: dh read and added to dx) takes its own, from the A/B at
+# 90e3d88 (add+RMSNorm's backward alone, before -> lean): bf16 256 96.0 -> 84.0, 512 94.8 ->
+# 95.1, 1024 81.0 -> 91.9, 2048-4096 level, 8192 95.9 -> 81.5; fp32 256-8192 81.1/74.0/78.7/
+# 93.4/95.3/81.8 -> 98.7/87.4/98.0/99.8/98.8/91.7.
 # The last entry's widest block is the fused kernel's reach (capped by MAX_BLOCK_N); wider rows
-# take the split kernels.
+# take the split kernels. Keys: (op, bytes per element), fp16 taking bf16's.
+_RMS_16384 = Bwd(16384, 16384, 32, 1, prefetch=False, lean=True)
 BWD_CONFIGS = {
-    (False, 2): (
+    ("layer_norm", 2): (
         Bwd(256, 8192, 16, 1, lean=True),
         Bwd(2048, 4096, 4, 2, lean=True),
         Bwd(8192, 8192, 8, 1),
     ),
-    (False, 4): (Bwd(2048, 2048, 16, 2), Bwd(8192, 2048, 8, 1)),
-    (True, 2): (
+    ("layer_norm", 4): (Bwd(2048, 2048, 16, 2), Bwd(8192, 2048, 8, 1)),
+    ("rms_norm", 2): (
         Bwd(1024, 8192, 16, 1),
         Bwd(2048, 4096, 8, 2),
         Bwd(8192, 8192, 16, 1),
-        Bwd(16384, 16384, 32, 1, prefetch=False, lean=True),
+        _RMS_16384,
     ),
-    (True, 4): (Bwd(1024, 8192, 16, 1, lean=True), Bwd(8192, 8192, 16, 1)),
+    ("rms_norm", 4): (Bwd(1024, 8192, 16, 1, lean=True), Bwd(8192, 8192, 16, 1)),
+    ("add_rms_norm", 2): (
+        Bwd(512, 8192, 16, 1),
+        Bwd(1024, 8192, 16, 1, lean=True),
+        Bwd(2048, 4096, 8, 2),
+        Bwd(8192, 8192, 16, 1),
+        _RMS_16384,
+    ),
+    ("add_rms_norm", 4): (Bwd(1024, 8192, 16, 1, lean=True), Bwd(8192, 8192, 16, 1, lean=True)),
 }
 # Backward, split kernels (rows past the fused kernel's reach, use_wide_path): 2.2-2.9x the
 # previous one-program-per-row kernels at 32768-262144 in the same sweep, and 2.1x the fused
@@ -121,21 +134,29 @@ def block_config(n: int) -> tuple[int, int, int]:
     return block_m, block_n, num_warps
 
 
-def bwd_config(n: int, is_rms: bool, element_size: int = 2) -> tuple[int, int, Bwd]:
-    """(BLOCK_M, BLOCK_N, setting) for the fused backward of rows of n elements of element_size
-    bytes (fp16 takes bf16's settings)."""
+def backward_op(is_rms: bool, has_dh: bool) -> str:
+    """The key of BWD_CONFIGS for a backward: add+RMSNorm's when the residual's gradient dh is
+    added (an add_rms_norm whose h got no gradient runs RMSNorm's backward)."""
+    return "add_rms_norm" if has_dh else ("rms_norm" if is_rms else "layer_norm")
+
+
+def bwd_config(n: int, op: str, element_size: int = 2) -> tuple[int, int, Bwd]:
+    """(BLOCK_M, BLOCK_N, setting) for the fused backward of `op` (a key of BWD_CONFIGS) on rows
+    of n elements of element_size bytes (fp16 takes bf16's settings)."""
     block_n = next_power_of_2(n)
-    configs = BWD_CONFIGS[is_rms, element_size]
+    configs = BWD_CONFIGS[op, element_size]
     setting = next((c for c in configs if block_n <= c.widest), configs[-1])
     return max(1, setting.tile // block_n), block_n, setting
 
 
-def use_wide_path(n: int, backward: bool = False, is_rms: bool = False, element_size: int = 2):
+def use_wide_path(
+    n: int, backward: bool = False, op: str = "layer_norm", element_size: int = 2
+) -> bool:
     """Forward: the chunked kernel. Backward: the split kernels, past the widest fused block
-    for this op and element size."""
+    for `op` (a key of BWD_CONFIGS) and element size."""
     if not backward:
         return n > MAX_BLOCK_N_FWD
-    return n > min(MAX_BLOCK_N, BWD_CONFIGS[is_rms, element_size][-1].widest)
+    return n > min(MAX_BLOCK_N, BWD_CONFIGS[op, element_size][-1].widest)
 
 
 def _partials(rows: int, n: int, has_w: bool, has_b: bool, dev):
@@ -228,11 +249,11 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     dh_arg = dh if dh is not None else dy
     if mean is None:  # RMS: the kernels never read it; any fp32 buffer holds the place
         mean = rstd
-    size = x.element_size()
-    if use_wide_path(n, backward=True, is_rms=is_rms, element_size=size):
+    size, op = x.element_size(), backward_op(is_rms, dh is not None)
+    if use_wide_path(n, backward=True, op=op, element_size=size):
         dw_part, db_part = _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms, dx)
     else:
-        block_m, block_n, setting = bwd_config(n, is_rms, size)
+        block_m, block_n, setting = bwd_config(n, op, size)
         n_tiles = cdiv(m, block_m)
         programs = min(n_tiles, setting.per_sm * _programs_per_wave(dev))
         dw_part, db_part = _partials(programs, n, has_w, has_b, dev)
