@@ -5,7 +5,9 @@ before and after profiler sessions, one process per mode, the modes alternated:
              a session: torch's default, and fusewise's before b4cc608);
 - fusewise:  the same with TEARDOWN_CUPTI unset (fusewise sets it to 1, and syncs after a stop);
 - nolazy:    the same with DISABLE_CUPTI_LAZY_REINIT=1 too (kineto re-attaches CUPTI at once
-             after finalizing it, rather than at the next session's start).
+             after finalizing it, rather than at the next session's start);
+- lastonly:  TEARDOWN_CUPTI=1 but 0 around the stop of a session that is not a diagnosis' last
+             (the last, the recorded step's, records shapes): CUPTI detached once a diagnosis.
 
 A diagnosis must come out the same in every mode: each one's recorded graph is summed (the GPU
 time of its ops, and the largest op's share: at b4cc608 a session started while CUPTI was being
@@ -30,7 +32,7 @@ import sys
 import time
 import warnings
 
-MODES = ("kept", "fusewise", "nolazy")
+MODES = ("kept", "fusewise", "nolazy", "lastonly")
 
 
 def _steps():
@@ -103,9 +105,10 @@ def _sessions(steps: dict, seen: list) -> float:
         findings = " ".join(
             f"{f.kind}/{f.pattern or '-'}:{f.est_saving_ms:.2f}" for f in report.findings[:4]
         )
+        op_ms = sum((kept[-1].op_ms or {}).values())  # the profiled steps' session
         seen.append(
             f"{name},ops {len(ops)},gpu_ms {sum(ms):.2f},largest {top.name} {top.ms or 0:.2f},"
-            f"{findings}"
+            f"profiled op_ms {op_ms:.2f},{findings}"
         )
     return time.perf_counter() - t0
 
@@ -133,8 +136,28 @@ def _graph_check(steps: dict) -> str:
     return "same" if same else "DIFFERENT"
 
 
+def _last_only() -> None:
+    """TEARDOWN_CUPTI=0 around the stop of a session that records no shapes (not the recorded
+    step's); 1 otherwise, so that a later session re-attaches CUPTI (kineto's lazy re-init)."""
+    from fusewise.capture import profiler
+
+    stop = profiler.stop
+
+    def stop_last(prof):
+        if not getattr(prof, "record_shapes", False):
+            os.environ["TEARDOWN_CUPTI"] = "0"
+        try:
+            stop(prof)
+        finally:
+            os.environ["TEARDOWN_CUPTI"] = "1"
+
+    profiler.stop = stop_last
+
+
 def child(mode: str) -> None:
     warnings.simplefilter("ignore")
+    if mode == "lastonly":
+        _last_only()
     steps = _steps()
     for step, _, _ in steps.values():
         for _ in range(10):
@@ -181,6 +204,8 @@ def main() -> None:
             env.pop("DISABLE_CUPTI_LAZY_REINIT", None)
             if mode == "kept":
                 env["TEARDOWN_CUPTI"] = "0"
+            if mode == "lastonly":
+                env["TEARDOWN_CUPTI"] = "1"
             if mode == "nolazy":
                 env["DISABLE_CUPTI_LAZY_REINIT"] = "1"
             p = subprocess.run(

@@ -294,3 +294,29 @@ def test_a_diagnosis_on_the_gpu_asks_kineto_to_detach_cupti(monkeypatch):
     fusewise.diagnose(lambda: (x @ x).relu().sum(), steps=1, warmup=1)
     safe = profiler._cuda_version(torch.version.cuda) >= profiler.TEARDOWN_SAFE_FROM
     assert os.environ.get("TEARDOWN_CUPTI") == ("1" if safe else None)
+
+
+@pytest.mark.parametrize(
+    "teardown, activities, synced",
+    [
+        ("1", (_CPU, _CUDA), True),
+        ("0", (_CPU, _CUDA), False),
+        ("1", (_CPU,), False),
+    ],
+)
+def test_a_stop_that_lets_cupti_go_syncs_the_device_at_once(
+    monkeypatch, teardown, activities, synced
+):
+    """kineto finalizes CUPTI at the next CUDA runtime call after the stop: made at once, it
+    cannot land inside the next session (the H200's recorded step lost its kernels' times)."""
+
+    class Stopping(_Session):
+        def __exit__(self, *exc):
+            self.stopped = True
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append(a))
+    monkeypatch.setenv("TEARDOWN_CUPTI", teardown)
+    session = Stopping(*activities)
+    profiler.stop(session)
+    assert session.stopped and len(calls) == int(synced)
