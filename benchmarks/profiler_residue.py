@@ -7,7 +7,9 @@ before and after profiler sessions, one process per mode, the modes alternated:
 - nolazy:    the same with DISABLE_CUPTI_LAZY_REINIT=1 too (kineto re-attaches CUPTI at once
              after finalizing it, rather than at the next session's start);
 - lastonly:  TEARDOWN_CUPTI=1 but 0 around the stop of a session that is not a diagnosis' last
-             (the last, the recorded step's, records shapes): CUPTI detached once a diagnosis.
+             (the last, the recorded step's, records shapes): CUPTI detached once a diagnosis;
+- userfirst: as fusewise, after a plain torch.profiler session of the user's (CUDA traced, the
+             variable unset: CUPTI left attached when fusewise's first session starts).
 
 A diagnosis must come out the same in every mode: each one's recorded graph is summed (the GPU
 time of its ops, and the largest op's share: at b4cc608 a session started while CUPTI was being
@@ -32,7 +34,7 @@ import sys
 import time
 import warnings
 
-MODES = ("kept", "fusewise", "nolazy", "lastonly")
+MODES = ("kept", "fusewise", "nolazy", "lastonly", "userfirst")
 
 
 def _steps():
@@ -154,6 +156,17 @@ def _last_only() -> None:
     profiler.stop = stop_last
 
 
+def _users_session(steps: dict) -> None:
+    """A plain torch.profiler session over each step, as a user's own before the diagnosis."""
+    import torch
+
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts):
+        for step, _, _ in steps.values():
+            step()
+        torch.cuda.synchronize()
+
+
 def child(mode: str) -> None:
     warnings.simplefilter("ignore")
     if mode == "lastonly":
@@ -170,6 +183,8 @@ def child(mode: str) -> None:
 
     time_all("before")
     time_all("before2")
+    if mode == "userfirst":
+        _users_session(steps)
     seen: list = []
     s1 = _sessions(steps, seen)
     time_all("after")
@@ -189,6 +204,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=MODES)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated, of " + str(MODES))
     ap.add_argument("--csv")
     a = ap.parse_args()
     if a.mode:
@@ -197,8 +213,11 @@ def main() -> None:
 
     here = os.path.dirname(os.path.abspath(__file__))
     rows, meta = [], []
+    modes = a.modes.split(",")
+    if not set(modes) <= set(MODES):
+        ap.error(f"--modes: each of {MODES}, got {a.modes!r}")
     for r in range(a.rounds):
-        for mode in MODES:
+        for mode in modes:
             env = dict(os.environ)
             env.pop("TEARDOWN_CUPTI", None)
             env.pop("DISABLE_CUPTI_LAZY_REINIT", None)

@@ -257,6 +257,7 @@ _CPU, _CUDA = torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivi
         ("13.0", (_CPU,), None, None),  # CUPTI is attached by CUDA sessions only
         ("13.0", (_CPU, _CUDA), "0", "0"),  # the user's choice, either way
         ("13.0", (_CPU, _CUDA), "1", "1"),
+        ("13.0", (_CPU, _CUDA), "", ""),
     ],
 )
 def test_a_session_tracing_cuda_lets_cupti_go_unless_told_otherwise(
@@ -267,7 +268,7 @@ def test_a_session_tracing_cuda_lets_cupti_go_unless_told_otherwise(
     import os
 
     monkeypatch.setattr(torch.version, "cuda", cuda_version)
-    monkeypatch.setenv("TEARDOWN_CUPTI", before or "placeholder")  # restored after the test
+    monkeypatch.setenv("TEARDOWN_CUPTI", "placeholder" if before is None else before)
     if before is None:
         monkeypatch.delenv("TEARDOWN_CUPTI")
     set_here = profiler.let_cupti_go(_Session(*activities))
@@ -275,13 +276,27 @@ def test_a_session_tracing_cuda_lets_cupti_go_unless_told_otherwise(
     assert set_here == (before is None and after == "1")
 
 
-def test_every_session_asks_for_cupti_to_go(monkeypatch):
+def test_every_session_asks_for_cupti_to_go_once_started(monkeypatch):
+    """The profiled steps' session and the recorded step's (capture/profiled.py) alike, after
+    the start: a session that fails to start leaves the variable as it was."""
+    from fusewise.capture import profiled
+
     asked = []
-    monkeypatch.setattr(profiler, "let_cupti_go", asked.append)
-    prof = profiler.start(cuda=False)
-    profiler.stop(prof)
-    profiler.release(prof)
-    assert asked == [prof]
+    monkeypatch.setattr(profiler, "let_cupti_go", lambda p: asked.append((p, p.profiler)))
+    for start in (profiler.start, profiled.start):
+        prof = start(cuda=False)
+        profiler.stop(prof)
+        profiler.release(prof)
+        assert asked[-1][0] is prof and asked[-1][1] is not None  # started when asked
+    assert len(asked) == 2
+
+    class FailsToStart(_Session):
+        def __enter__(self):
+            raise RuntimeError("another profiler is running")
+
+    with pytest.raises(RuntimeError, match="another profiler"):
+        profiler.enter(FailsToStart(_CPU, _CUDA))
+    assert len(asked) == 2
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUPTI is attached by CUDA sessions")
@@ -310,13 +325,13 @@ def test_a_stop_that_lets_cupti_go_syncs_the_device_at_once(
     """kineto finalizes CUPTI at the next CUDA runtime call after the stop: made at once, it
     cannot land inside the next session (the H200's recorded step lost its kernels' times)."""
 
+    events = []
+
     class Stopping(_Session):
         def __exit__(self, *exc):
-            self.stopped = True
+            events.append("stop")
 
-    calls = []
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append(a))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("sync"))
     monkeypatch.setenv("TEARDOWN_CUPTI", teardown)
-    session = Stopping(*activities)
-    profiler.stop(session)
-    assert session.stopped and len(calls) == int(synced)
+    profiler.stop(Stopping(*activities))
+    assert events == (["stop", "sync"] if synced else ["stop"])

@@ -35,8 +35,8 @@ def start(cuda: bool) -> torch.profiler.profile:
 
 def enter(prof: torch.profiler.profile) -> torch.profiler.profile:
     """Start a session, with the garbage collector paused until stop(prof) (see pause_gc), and
-    CUPTI detached when it stops (see let_cupti_go)."""
-    let_cupti_go(prof)
+    CUPTI detached when it stops (see let_cupti_go: after the start, so that a session that
+    fails to start, another profiler running, leaves the variable as it was)."""
     pause_gc(prof)
     try:
         with warnings.catch_warnings():
@@ -47,6 +47,7 @@ def enter(prof: torch.profiler.profile) -> torch.profiler.profile:
     except BaseException:
         resume_gc(prof)
         raise
+    let_cupti_go(prof)
     return prof
 
 
@@ -59,9 +60,10 @@ TEARDOWN_SAFE_FROM = (12, 6)
 def let_cupti_go(prof) -> bool:
     """Ask kineto to detach CUPTI when a session that traces CUDA stops (TEARDOWN_CUPTI=1, for
     the process: kineto reads it at the stop and again when a later session re-attaches). Left
-    alone when the variable is already set (the user's choice, either way), when the session
+    alone when the variable is already set (the user's choice, any value), when the session
     traces no CUDA, and on CUDA older than 12.6. A later torch.profiler session of the user's
-    re-attaches CUPTI at its start, as on its first. Returns whether the variable was set here."""
+    re-attaches CUPTI at its start and detaches it at its stop, without the sync stop() makes
+    (README). Returns whether the variable was set here."""
     if TEARDOWN in os.environ:
         return False
     if not _traces_cuda(prof):

@@ -52,7 +52,7 @@ class Bwd(NamedTuple):
     # dtype: fewer registers live across the row sums (kernels_bwd.norm_bwd_block_kernel)
 
 
-# Backward, fused kernel, by (is_rms, bytes per element), from the sweeps at 32288f2 (bf16) and
+# Backward, fused kernel, by (op, bytes per element), from the sweeps at 32288f2 (bf16) and
 # 6b14187 (LayerNorm in fp32) on an H200 (2**26 elements, kernels only,
 # results/h200_sweep_norms_*.txt), widths 256-8192. LayerNorm holds two more tiles (mean, the
 # bias gradient) than RMSNorm and prefers smaller tiles at 512-2048 in bf16, and in fp32 (where
