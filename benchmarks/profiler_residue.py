@@ -121,7 +121,7 @@ def _graph_check(steps: dict) -> str:
 
     from fusewise import graphs
 
-    model, cache, step = steps["decode"][2]
+    _, cache, step = steps["decode"][2]
     token = torch.zeros(1, dtype=torch.long, device="cuda")
     cache.reset()
     eager = [token]

@@ -134,10 +134,11 @@ def block_config(n: int) -> tuple[int, int, int]:
     return block_m, block_n, num_warps
 
 
-def backward_op(is_rms: bool, has_dh: bool) -> str:
-    """The key of BWD_CONFIGS for a backward: add+RMSNorm's when the residual's gradient dh is
-    added (an add_rms_norm whose h got no gradient runs RMSNorm's backward)."""
-    return "add_rms_norm" if has_dh else ("rms_norm" if is_rms else "layer_norm")
+def op_name(is_rms: bool, has_residual: bool) -> str:
+    """The op's public name, also the key of BWD_CONFIGS. For a backward, has_residual is
+    whether the residual's gradient dh is added: an add_rms_norm whose h got no gradient runs
+    RMSNorm's backward and settings."""
+    return "add_rms_norm" if has_residual else ("rms_norm" if is_rms else "layer_norm")
 
 
 def bwd_config(n: int, op: str, element_size: int = 2) -> tuple[int, int, Bwd]:
@@ -249,7 +250,7 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     dh_arg = dh if dh is not None else dy
     if mean is None:  # RMS: the kernels never read it; any fp32 buffer holds the place
         mean = rstd
-    size, op = x.element_size(), backward_op(is_rms, dh is not None)
+    size, op = x.element_size(), op_name(is_rms, dh is not None)
     if use_wide_path(n, backward=True, op=op, element_size=size):
         dw_part, db_part = _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms, dx)
     else:

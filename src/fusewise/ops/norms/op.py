@@ -44,15 +44,11 @@ from .validate import (
 )
 
 
-def _op_name(is_rms: bool, has_residual: bool) -> str:
-    return "add_rms_norm" if has_residual else ("rms_norm" if is_rms else "layer_norm")
-
-
 def forward_impl(x, residual, weight, bias, eps: float, is_rms: bool, path: str | None = None):
     """Returns (y, h = x + residual or None, mean or None (RMS), rstd); mean/rstd fp32 per row.
     path: the caller's _dispatch.choose_path for these tensors, or None to choose here."""
     if path is None:
-        name = _op_name(is_rms, residual is not None)
+        name = launch.op_name(is_rms, residual is not None)
         path = _dispatch.choose_path(name, x, residual, weight, bias)
     if path == _dispatch.REFERENCE:
         return reference.norm_forward(x, residual, weight, bias, eps, is_rms)
@@ -62,7 +58,7 @@ def forward_impl(x, residual, weight, bias, eps: float, is_rms: bool, path: str 
 def backward_impl(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     """Returns (dx, dweight or None, dbias or None). x is the normalised input (h for add+RMS);
     dh is the gradient reaching h directly (add_rms_norm's second output), added to dx."""
-    name = _op_name(is_rms, dh is not None) + ".backward"
+    name = launch.op_name(is_rms, dh is not None) + ".backward"
     path = _dispatch.choose_path(name, dy, dh, x, weight, bias)
     if path == _dispatch.REFERENCE:
         return reference.norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms)
@@ -107,7 +103,7 @@ class _NormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, eps, is_rms):
-        name = _op_name(is_rms, residual is not None)
+        name = launch.op_name(is_rms, residual is not None)
         ctx.path = _dispatch.choose_path(name, x, residual, weight, bias)
         ctx.backward_name = name + ".backward"
         y, h, mean, rstd = forward_impl(x, residual, weight, bias, eps, is_rms, ctx.path)
