@@ -116,7 +116,8 @@ def test_attention_swapped_logits_and_gradients_match(family, calls):
 
     # the HF class, its module's global and a second model of the same class are untouched
     hf_cls = _swap.original_class(dict(model.named_modules())[expected[0]])
-    hf_function = inspect.unwrap(hf_cls.forward).__globals__[hf_rotary.GLOBAL]
+    hf_global = inspect.unwrap(hf_cls.forward).__globals__[hf_rotary.GLOBAL]
+    hf_function = hf_rotary_forms.hub_function(hf_global)  # a hub-kernel wrapper's function
     assert hf_function.__qualname__ == hf_rotary.GLOBAL and hf_rotary.GLOBAL not in vars(hf_cls)
     assert not hasattr(hf_function, "fusewise_form")
     for name in expected:
@@ -125,7 +126,7 @@ def test_attention_swapped_logits_and_gradients_match(family, calls):
         assert isinstance(patched, hf_cls) and type(patched) is not hf_cls
         assert inspect.unwrap(type(patched).forward).__globals__[hf_rotary.GLOBAL].fusewise_form
         assert type(untouched) is hf_cls and not _swap.is_patched(untouched)
-        assert inspect.unwrap(type(untouched).forward).__globals__[hf_rotary.GLOBAL] is hf_function
+        assert inspect.unwrap(type(untouched).forward).__globals__[hf_rotary.GLOBAL] is hf_global
     calls.clear()
     with torch.no_grad():
         other(ids)
@@ -218,6 +219,49 @@ def test_unrecognised_variant_left_alone_with_the_reason(monkeypatch, name, repl
     assert [c.name for c in report] == _attention_names(model)
     assert all(c.action == LEFT_ALONE and c.now is None and says in c.reason for c in report)
     assert all(type(layer.self_attn) is LlamaAttention for layer in model.model.layers)
+
+
+def _hub_wrapped(func):
+    """What kernels.use_kernel_forward_from_hub makes of a function (kernels 0.19, under
+    transformers >= 5.25): an nn.Module instance whose class forward calls `func`."""
+
+    class Func(torch.nn.Module):
+        kernel_layer_name = "rotary_pos_emb"
+
+        def forward(self, *args, **kwargs):
+            return func(*args, **kwargs)
+
+    return Func()
+
+
+def test_a_hub_kernel_wrapper_is_seen_through_unless_kernelized(monkeypatch):
+    """The function behind the wrapper is recognised and swapped; a wrapper kernelize() gave a
+    forward of its own (a hub kernel), globally or in the attention instance's own copy
+    (use_kernelized_func), is left alone with the reason."""
+    plain = hf_rotary_forms.hub_function(modeling_llama.apply_rotary_pos_emb)
+    assert inspect.isfunction(plain) and hf_rotary_forms.hub_function(plain) is plain
+    wrapped = _hub_wrapped(plain)
+    assert hf_rotary_forms.hub_function(wrapped) is plain
+    assert hf_rotary_forms.hub_function(torch.nn.Identity()) is not plain
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", wrapped)
+    model = causal_lm("llama")
+    report = fusewise.patch(model, norms=False, loss=False, activations=False)
+    assert [c.action for c in report] == [SWAPPED, SWAPPED]
+
+    model = causal_lm("llama")
+    for layer in model.model.layers:
+        own = _hub_wrapped(plain)
+        own.forward = lambda *args, **kwargs: plain(*args, **kwargs)  # what kernelize() sets
+        vars(layer.self_attn)["_kernel_funcs"] = {"apply_rotary_pos_emb": own}
+    report = fusewise.patch(model, norms=False, loss=False, activations=False)
+    assert all(c.action == LEFT_ALONE and "kernelized" in c.reason for c in report) and report
+
+    wrapped.forward = lambda *args, **kwargs: plain(*args, **kwargs)
+    assert hf_rotary_forms.hub_function(wrapped) is wrapped
+    model = causal_lm("llama")
+    report = fusewise.patch(model, norms=False, loss=False, activations=False)
+    assert all(c.action == LEFT_ALONE and "not a plain function" in c.reason for c in report)
+    assert report
 
 
 def test_probe_mismatch_is_left_alone_and_restored(monkeypatch):
@@ -350,7 +394,7 @@ def test_adaptor_has_the_hf_functions_parameters():
         (modeling_gemma3n, X),
         (modeling_gptj, GPTJ),
     ]:
-        hf = module.apply_rotary_pos_emb
+        hf = hf_rotary_forms.hub_function(module.apply_rotary_pos_emb)
         form, interleaved = hf_rotary_forms.recognise(hf, vars(module))
         assert form.call == call
         ours = inspect.signature(hf_rotary_forms.adaptor_for(form, interleaved)).parameters

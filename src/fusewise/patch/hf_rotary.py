@@ -17,7 +17,10 @@ A forward wrapped by decorators (functools.wraps: __wrapped__ set; transformers 
 attention forwards in deprecate_kwarg) is rebuilt layer by layer: the innermost function as above,
 each wrapper with its own code and globals and the closure cell that held the function it wraps
 now holding the rebuilt one. A wrapper that does not hold what it wraps in exactly one closure
-cell (a class-based wrapper, a lookup by name) is left alone with the reason.
+cell (a class-based wrapper, a lookup by name) is left alone with the reason. A global that is a
+hub-kernel wrapper (transformers >= 5.25 with the `kernels` package: an nn.Module calling the
+function) counts as the function it calls (hf_rotary_forms.hub_function), unless kernelize() gave
+it, or the instance's own copy of it, a hub kernel's forward: that module is left alone.
 
 Every swap is checked before it is kept: the original and the rebuilt forward run on a probe
 (hidden states [2, 5, hidden]; position embeddings from the model's rotary embedding module when
@@ -177,6 +180,11 @@ def patch_module(name: str, module: torch.nn.Module, model: torch.nn.Module) -> 
 
     if "forward" in vars(module):
         return alone("its forward is set on the instance (kernelize, a wrapper)")
+    # transformers >= 5.25 with `kernels`: each instance calls its own copy of the global
+    # (use_kernelized_func), which kernelize() may have given a hub kernel's forward
+    own = (vars(module).get("_kernel_funcs") or {}).get(GLOBAL)
+    if own is not None and "forward" in vars(own):
+        return alone(f"its {GLOBAL} is kernelized (a hub kernel)")
     if base is not next(c for c in cls.__mro__ if "forward" in vars(c)):
         return alone("its own forward overrides the one that calls apply_rotary_pos_emb")
     found = recognised(base)

@@ -215,8 +215,27 @@ _SOURCES = {
 APPLY_FORMS: dict[str, RotaryForm] = {_norm(text): form for text, form in _SOURCES.items()}
 
 
+def hub_function(fn):
+    """The plain function behind a hub-kernel wrapper, else fn. transformers >= 5.25 decorates
+    apply_rotary_pos_emb with use_kernel_forward_from_hub; with the `kernels` package installed
+    the module's global is then an nn.Module instance (kernel_layer_name set) whose class forward
+    calls the function, held in its closure cell `func`, unless kernelize() gave the instance a
+    forward of its own (a hub kernel: kept, fn returned as it is)."""
+    if not isinstance(fn, torch.nn.Module) or not hasattr(fn, "kernel_layer_name"):
+        return fn
+    if "forward" in vars(fn):
+        return fn
+    forward = type(fn).forward
+    code = getattr(forward, "__code__", None)
+    if code is None or "func" not in code.co_freevars:
+        return fn
+    inner = forward.__closure__[code.co_freevars.index("func")].cell_contents
+    return inner if inspect.isfunction(inner) else fn
+
+
 def recognise(fn, module_globals: dict) -> tuple[RotaryForm, bool] | str:
     """(form, interleaved) for a module's apply_rotary_pos_emb, or why it is not recognised."""
+    fn = hub_function(fn)
     if not inspect.isfunction(fn):
         return f"its apply_rotary_pos_emb is a {type(fn).__name__}, not a plain function"
     if hasattr(fn, "__wrapped__"):
