@@ -1,6 +1,7 @@
 """Capture overhead: a step under each op-graph capture against the plain step, and the seconds
 the graph takes to build afterwards. Captures: "recorder" (capture/opgraph.py, Python dispatch
-modes) and "profiler" (capture/profiled.py, one torch.profiler session: the default).
+modes), "profiler" (capture/profiled.py, one torch.profiler session: the default) and, to price
+with_stack, "profiler-nostack" (the same session without stacks; no graph).
 
     PYTHONPATH=src python benchmarks/capture_overhead.py            # GPU: the two cases below
     PYTHONPATH=src python benchmarks/capture_overhead.py --cpu      # CPU: small real models
@@ -11,8 +12,12 @@ GPU cases (bf16, naive variant of fusewise.examples.gpt, per-parameter AdamW loo
         parameters.
 Each round runs a plain step, a recorder step and a profiler step, interleaved; the step times
 are medians over the rounds (each step timed from its start to a device sync after it; the
-capture's start is inside, the graph build after it is reported apart as build_s). The table is
-printed last; CSV rows go to $OUT/capture_overhead.csv when OUT is set.
+capture's start is inside, the graph build after it is reported apart as build_s). start_ms is
+the capture's start alone (for the profiler: kineto's set-up and CUPTI's attach, paid again by
+every session since fusewise detaches CUPTI at each stop), and step_ratio the step under the
+capture without it, as the diagnosis times its recorded step (capture/schedule.py starts the
+session before the step's clock). The table is printed last; CSV rows go to
+$OUT/capture_overhead.csv when OUT is set.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from _rows import commit  # noqa: E402
 
+from fusewise.capture import profiler  # noqa: E402
 from fusewise.capture.opgraph import Recorder  # noqa: E402
 from fusewise.capture.profiled import ProfiledCapture  # noqa: E402
 from fusewise.examples.gpt import GPTConfig, make_step  # noqa: E402
@@ -41,7 +47,28 @@ CPU_CASES = {
     "cpu-small": (GPTConfig(), 5),  # the golden graphs' step
     "cpu-medium": (GPTConfig(vocab=8192, seq=256, d_model=256, heads=8, layers=4, batch=4), 3),
 }
-CAPTURES = {"recorder": Recorder, "profiler": ProfiledCapture}
+
+
+class _NoStack:
+    """What with_stack costs: the profiler capture's session without it (no graph is built)."""
+
+    def __enter__(self):
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        self._prof = profiler.enter(
+            torch.profiler.profile(activities=acts, record_shapes=True, profile_memory=True)
+        )
+        self.graph = None
+        return self
+
+    def __exit__(self, *exc):
+        profiler.stop(self._prof)
+        self._prof.profiler.kineto_results = None
+        profiler.collect()
+
+
+CAPTURES = {"recorder": Recorder, "profiler": ProfiledCapture, "profiler-nostack": _NoStack}
 
 
 def _sync(cuda: bool) -> None:
@@ -49,17 +76,19 @@ def _sync(cuda: bool) -> None:
         torch.cuda.synchronize()
 
 
-def _captured(capture, step, cuda: bool) -> tuple[float, float, int]:
-    """(step seconds under the capture, graph build seconds, ops in the graph)."""
+def _captured(capture, step, cuda: bool) -> tuple[float, float, float, int]:
+    """(seconds of the capture's start, of the step under it, of the graph's build; ops in the
+    graph)."""
     _sync(cuda)
     t0 = time.perf_counter()
     cap = capture().__enter__()
+    t1 = time.perf_counter()
     step()
     _sync(cuda)
-    t1 = time.perf_counter()
-    cap.__exit__(None, None, None)
     t2 = time.perf_counter()
-    return t1 - t0, t2 - t1, len(cap.graph.ops)
+    cap.__exit__(None, None, None)
+    t3 = time.perf_counter()
+    return t1 - t0, t2 - t1, t3 - t2, len(cap.graph.ops) if cap.graph else 0
 
 
 def measure(name: str, cfg: GPTConfig, rounds: int, cuda: bool) -> list[dict]:
@@ -69,7 +98,7 @@ def measure(name: str, cfg: GPTConfig, rounds: int, cuda: bool) -> list[dict]:
     for _ in range(3):
         step()
     _sync(cuda)
-    plain, under = [], {k: [] for k in CAPTURES}
+    plain, starts, under = [], {k: [] for k in CAPTURES}, {k: [] for k in CAPTURES}
     builds, ops = {k: [] for k in CAPTURES}, {}
     for _ in range(rounds):
         t = time.perf_counter()
@@ -77,14 +106,17 @@ def measure(name: str, cfg: GPTConfig, rounds: int, cuda: bool) -> list[dict]:
         _sync(cuda)
         plain.append(time.perf_counter() - t)
         for kind, capture in CAPTURES.items():
-            s, b, n = _captured(capture, step, cuda)
+            a, s, b, n = _captured(capture, step, cuda)
+            starts[kind].append(a)
             under[kind].append(s)
             builds[kind].append(b)
             ops[kind] = n
     base = statistics.median(plain)
     rows = []
     for kind in CAPTURES:
-        ms = statistics.median(under[kind])
+        with_start = [a + s for a, s in zip(starts[kind], under[kind])]
+        ms = statistics.median(with_start)
+        step_ms = statistics.median(under[kind])
         rows.append(
             dict(
                 case=name,
@@ -94,6 +126,9 @@ def measure(name: str, cfg: GPTConfig, rounds: int, cuda: bool) -> list[dict]:
                 plain_ms=round(base * 1e3, 2),
                 captured_ms=round(ms * 1e3, 2),
                 ratio=round(ms / base, 2),
+                start_ms=round(statistics.median(starts[kind]) * 1e3, 2),
+                step_ms=round(step_ms * 1e3, 2),
+                step_ratio=round(step_ms / base, 2),
                 build_s=round(statistics.median(builds[kind]), 2),
                 rounds=rounds,
                 device=torch.cuda.get_device_name() if cuda else "cpu",
@@ -130,13 +165,14 @@ def main():
             w.writeheader()
             w.writerows(rows)
     print(
-        f"\n{'case':<11}{'capture':<10}{'params':>9}{'ops':>7}{'plain ms':>10}"
-        f"{'captured ms':>13}{'ratio':>7}{'build s':>9}"
+        f"\n{'case':<11}{'capture':<17}{'params':>9}{'ops':>7}{'plain ms':>10}"
+        f"{'captured ms':>13}{'ratio':>7}{'start ms':>10}{'step ratio':>12}{'build s':>9}"
     )
     for r in rows:
         print(
-            f"{r['case']:<11}{r['capture']:<10}{r['params'] / 1e9:>8.2f}B{r['ops']:>7}"
-            f"{r['plain_ms']:>10.1f}{r['captured_ms']:>13.1f}{r['ratio']:>7.2f}{r['build_s']:>9.2f}"
+            f"{r['case']:<11}{r['capture']:<17}{r['params'] / 1e9:>8.2f}B{r['ops']:>7}"
+            f"{r['plain_ms']:>10.1f}{r['captured_ms']:>13.1f}{r['ratio']:>7.2f}"
+            f"{r['start_ms']:>10.1f}{r['step_ratio']:>12.2f}{r['build_s']:>9.2f}"
         )
 
 
