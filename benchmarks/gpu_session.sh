@@ -50,6 +50,7 @@ for what in "$@"; do
         sed -n "/# summary/,\$p" "$OUT/bench_norms_$op.txt"
       done
       timeout ${SWEEP_S:-120} python benchmarks/sweep_norm_configs.py --parts fwd,bwd --dtypes bf16,fp32 \
+        --ops layer_norm,rms_norm,add_rms_norm \
         --csv "$OUT/sweep_norms.csv" 2>&1 | grep -v USDT | tee "$OUT/sweep_norms.txt" ;;
     ab)
       # the kernels' bf16 rounding, integer bits (before) against the GPU's cast (shipped), one
