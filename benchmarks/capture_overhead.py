@@ -23,6 +23,7 @@ $OUT/capture_overhead.csv when OUT is set.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import statistics
 import sys
@@ -71,6 +72,9 @@ class _NoStack:
 CAPTURES = {"recorder": Recorder, "profiler": ProfiledCapture, "profiler-nostack": _NoStack}
 
 
+_phases: dict[str, list] = {}  # ops by phase in each round's graph, by capture (--phases)
+
+
 def _sync(cuda: bool) -> None:
     if cuda:
         torch.cuda.synchronize()
@@ -88,6 +92,10 @@ def _captured(capture, step, cuda: bool) -> tuple[float, float, float, int]:
     t2 = time.perf_counter()
     cap.__exit__(None, None, None)
     t3 = time.perf_counter()
+    if cap.graph is not None:
+        _phases.setdefault(type(cap).__name__, []).append(
+            dict(collections.Counter(op.phase for op in cap.graph.ops))
+        )
     return t1 - t0, t2 - t1, t3 - t2, len(cap.graph.ops) if cap.graph else 0
 
 
@@ -146,6 +154,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpu", action="store_true", help="small real models on the CPU")
     ap.add_argument("--cases", nargs="*", help="a subset of the cases, by name")
+    ap.add_argument("--phases", action="store_true", help="ops by phase in every round's graph")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     cuda = torch.cuda.is_available() and not args.cpu
@@ -154,8 +163,12 @@ def main():
     for name, (cfg, rounds) in cases.items():
         if args.cases and name not in args.cases:
             continue
+        _phases.clear()
         rows += measure(name, cfg, rounds, cuda)
         print(f"{name} done", flush=True)
+        if args.phases:
+            for kind, rounds_seen in _phases.items():
+                print(f"  {kind}: ops by phase, round by round: {rounds_seen}")
     if os.environ.get("OUT"):
         import csv
 
