@@ -721,3 +721,33 @@ def test_a_script_running_its_own_profiler_is_told_why(tmp_path, capsys):
     assert main(["diagnose", script, "--steps", "1", "--warmup", "1"]) == 1
     said = " ".join(capsys.readouterr().out.split())
     assert "The script runs torch.profiler itself, which cannot nest" in said
+
+
+def test_a_graph_missing_ops_is_reported_not_silent(capsys):
+    """Kernels of the recorded step that joined no op of its graph are counted in the report,
+    and above 1% of the step the text and the HTML say the graph is incomplete."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from fusewise.diagnose.driver import kernels_without_op
+    from fusewise.report import Device, Report, StepSummary
+    from fusewise.report.html import render_html
+
+    def kernel(op, us):
+        return SimpleNamespace(op=op, duration_us=us)
+
+    trace = SimpleNamespace(kernels=[kernel(0, 50.0), kernel(-1, 300.0), kernel(-1, 200.0)])
+    assert kernels_without_op(SimpleNamespace(trace=trace)) == (2, 0.5)
+    assert kernels_without_op(SimpleNamespace(trace=None)) == (0, 0.0)
+    for lost_ms, warned in ((0.5, True), (0.09, False)):
+        r = Report(
+            device=Device("x", "cuda", 1.0, 1.0, 1.0),
+            step=StepSummary(10.0, None, 3, None, 7, 2, lost_ms),
+        )
+        d = r.as_dict()
+        assert d["step"]["kernels_without_op"] == 2
+        r.render(Console(width=200, force_terminal=False))
+        text = capsys.readouterr().out
+        assert ("incomplete op graph: 2 kernels" in text) is warned
+        assert ("incomplete op graph" in render_html(d)) is warned

@@ -6,6 +6,7 @@ import html
 import math
 
 from ._units import matmul_rates
+from .report import incomplete_graph
 
 
 def _roofline_svg(r: dict, w: int = 560, h: int = 320) -> str:
@@ -99,13 +100,15 @@ _TOP_COLUMNS = [
 def render_html(r: dict) -> str:
     d, s = r["device"], r["step"]
     findings = [dict(f, evidence=None) for f in r["findings"]]
+    warning = incomplete_graph(s)
+    warning_html = f'<p style="color:#a60"><b>{html.escape(warning)}</b></p>' if warning else ""
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>fusewise report</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse;
 margin:1em 0}}td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px}}th{{background:#eee}}
 </style></head><body><h1>fusewise diagnosis</h1>
 <p>{html.escape(d["name"])}: {d["bandwidth_GBps"]:,.0f} GB/s, {html.escape(matmul_rates(d))},
 ridge {d["ridge"]:,.1f} FLOP/byte.
-Step {s["median_ms"]:.2f} ms (median of {s["steps_measured"]}).</p>
+Step {s["median_ms"]:.2f} ms (median of {s["steps_measured"]}).</p>{warning_html}
 <h2>Findings</h2>{_table(findings, _FINDING_COLUMNS)}
 <h2>Roofline of the top ops</h2>{_roofline_svg(r)}
 <h2>Breakdown</h2>{_table(r["top"], _TOP_COLUMNS)}

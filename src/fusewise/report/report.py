@@ -32,8 +32,30 @@ class StepSummary:
     steps_measured: int
     capture_overhead_ratio: float | None  # the recorded step's time / median_ms
     ops_recorded: int
+    # the recorded step's kernels that joined no op of the graph, and their device ms (GPU):
+    # an op graph missing ops their kernels ran for (diagnose/driver.py; incomplete_graph)
+    kernels_without_op: int = 0
+    kernels_without_op_ms: float = 0.0
     # with two sizes (--sizes): the fitted exponent of peak memory (diagnose/scaling.py)
     memory_scaling: dict | None = None
+
+
+def incomplete_graph(step: dict) -> str | None:
+    """The warning for a report whose recorded graph lacks ops (StepSummary.kernels_without_op),
+    when their kernels took more than INCOMPLETE_GRAPH_SHARE of the step; else None."""
+    ms = step.get("kernels_without_op_ms") or 0.0
+    if not step.get("median_ms") or ms <= INCOMPLETE_GRAPH_SHARE * step["median_ms"]:
+        return None
+    return (
+        f"incomplete op graph: {step['kernels_without_op']} kernels of the recorded step "
+        f"({ms:.2f} ms of device time) joined no recorded op; findings in that part of the step "
+        "are missing or predict too little. Diagnose again (the loss is intermittent), or "
+        "FUSEWISE_CAPTURE=recorder"
+    )
+
+
+# a share of the step below which kernels without an op are noise (one in a good graph, at most)
+INCOMPLETE_GRAPH_SHARE = 0.01
 
 
 @dataclass

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ._units import matmul_rates
+from .report import incomplete_graph
 
 
 def render_text(r: dict, console) -> None:
@@ -24,6 +25,9 @@ def render_text(r: dict, console) -> None:
         f"step: {s['median_ms']:.2f} ms (median of {s['steps_measured']})"
         + (f", peak memory {peak / 1e9:.2f} GB" if peak else "")
     )
+    warning = incomplete_graph(s)
+    if warning:
+        console.print(Text(warning, style="bold yellow"))
     fit = s.get("memory_scaling")
     if fit:
         ((name, sizes),) = fit["sizes"].items()
