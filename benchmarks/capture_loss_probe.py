@@ -1,11 +1,12 @@
 """Does the recorded step's op graph keep every op? On the H200 1-3 of every 8 recorded demo
 steps lost the rest of the step's ops from ~27 ms into the session on: their kernels were in the
 profile, joined to no op of the graph (results README, 2026-12-03 night). This records the demo's
-naive step `--captures` times and prints, per capture, the graph's ops, the kernels that joined
-no op, and every event of the profiler's tree that is neither an op nor a Python call yet holds
-ops below it (what capture/_event_graph.py did not walk into before it walked into any event).
+naive step (and a 0.94e9-parameter one) several times and prints, per capture, the graph's ops,
+the kernels that joined no op, and every event of the profiler's tree that is neither an op nor
+a Python call yet holds ops below it (what capture/_event_graph.py did not walk into before it
+walked into events of every kind).
 
-    PYTHONPATH=src python benchmarks/capture_loss_probe.py [--captures 12]
+    PYTHONPATH=src python benchmarks/capture_loss_probe.py [--captures demo:12,1b:3]
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ from torch._C._profiler import _EventType
 from fusewise.capture import profiled, profiler
 from fusewise.examples.gpt import GPTConfig, make_step
 
-DEMO = GPTConfig(vocab=32768, seq=1024, d_model=1024, heads=16, layers=4, batch=8)
+CASES = {  # capture_overhead.py's: the demo's step and a 0.94e9-parameter one
+    "demo": GPTConfig(vocab=32768, seq=1024, d_model=1024, heads=16, layers=4, batch=8),
+    "1b": GPTConfig(vocab=32768, seq=2048, d_model=2048, heads=16, layers=16, batch=4),
+}
 PYTHON = (_EventType.PyCall, _EventType.PyCCall)
 
 
@@ -47,12 +51,18 @@ def holders(roots, t0: int) -> list[tuple]:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--captures", type=int, default=12)
+    ap.add_argument("--captures", default="demo:12,1b:3", help="case:captures,...")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
+    for item in args.captures.split(","):
+        name, n = item.split(":")
+        probe(name, int(n))
+
+
+def probe(name: str, captures: int) -> None:
     cuda = torch.cuda.is_available()  # on the CPU: the golden graphs' small step, a dry run
     if cuda:
-        step, _, _ = make_step(DEMO, variant="naive", device="cuda", dtype=torch.bfloat16)
+        step, _, _ = make_step(CASES[name], variant="naive", device="cuda", dtype=torch.bfloat16)
     else:
         step, _, _ = make_step(GPTConfig(), variant="naive", device="cpu", dtype=torch.float32)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -60,7 +70,7 @@ def main():
         step()
     sync()
     incomplete = 0
-    for i in range(args.captures):
+    for i in range(captures):
         hooks = profiler.mark_optimizer_steps()
         prof = profiled.start(cuda)
         step()
@@ -79,12 +89,15 @@ def main():
         profiler.collect()
         incomplete += bool(lost)
         print(
-            f"capture {i}: {len(graph.ops)} ops {phases}, {len(lost)} kernels without an op"
+            f"{name} capture {i}: {len(graph.ops)} ops {phases}, {len(lost)} kernels without an op"
             + (f" (first issued at {min(k.issue_us for k in lost) / 1e3:.2f} ms)" if lost else "")
             + f"; events of another kind holding ops: {held or 'none'}",
             flush=True,
         )
-    print(f"# {incomplete} of {args.captures} captures lost kernels' ops")
+    print(f"# {name}: {incomplete} of {captures} captures lost kernels' ops")
+    del step
+    if cuda:
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
