@@ -253,3 +253,37 @@ def test_ops_below_an_event_of_another_kind_are_walked_into():
     moved = names([held])
     prof.profiler.kineto_results = None
     assert len(plain) >= 5 and moved == plain
+
+
+def test_the_walk_notes_every_op_event_it_reaches_graph_op_or_not():
+    """An autograd Function's own event (no "::" in its name) is walked into, not made a graph
+    op; its correlation id is among those the walk reached, so the kernels it launches itself
+    (a Triton kernel) are not counted as launched by an op the graph lost."""
+    from torch._C._profiler import _EventType
+
+    from fusewise.capture._event_graph import Builder
+
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    x = torch.randn(8, requires_grad=True)
+    prof = profiled.start(False)
+    Twice.apply(x).sum().backward()
+    profiler.stop(prof)
+    roots = prof.profiler.kineto_results.experimental_event_tree()
+    b = Builder()
+    b.walk(roots)
+    stack, function_events = list(roots), []
+    while stack:
+        e = stack.pop()
+        if e.tag == _EventType.TorchOp and e.name == "Twice":
+            function_events.append(e.correlation_id)
+        stack.extend(e.children)
+    prof.profiler.kineto_results = None
+    assert function_events and all(c in b.walked and c not in b.corr for c in function_events)

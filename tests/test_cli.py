@@ -723,23 +723,24 @@ def test_a_script_running_its_own_profiler_is_told_why(tmp_path, capsys):
     assert "The script runs torch.profiler itself, which cannot nest" in said
 
 
-def test_a_graph_missing_ops_is_reported_not_silent(capsys):
-    """Kernels of the recorded step that joined no op of its graph are counted in the report,
-    and above 1% of the step the text and the HTML say the graph is incomplete."""
+def test_a_graph_missing_ops_is_reported_not_silent(capsys, monkeypatch):
+    """Kernels of the recorded step launched by ops the graph's walk never reached are counted
+    in the report (from the trace; analyze() puts them in the step summary), and above 1% of the
+    step the text and the HTML say the graph is incomplete; a report without the fields, or
+    without a finite step time, warns of nothing."""
     from types import SimpleNamespace
 
     from rich.console import Console
 
-    from fusewise.diagnose.driver import kernels_without_op
+    from fusewise.diagnose import driver
     from fusewise.report import Device, Report, StepSummary
     from fusewise.report.html import render_html
+    from fusewise.report.report import incomplete_graph
 
-    def kernel(op, us):
-        return SimpleNamespace(op=op, duration_us=us)
-
-    trace = SimpleNamespace(kernels=[kernel(0, 50.0), kernel(-1, 300.0), kernel(-1, 200.0)])
-    assert kernels_without_op(SimpleNamespace(trace=trace)) == (2, 0.5)
-    assert kernels_without_op(SimpleNamespace(trace=None)) == (0, 0.0)
+    trace = SimpleNamespace(unwalked_kernels=2, unwalked_us=500.0)
+    assert driver.kernels_without_op(SimpleNamespace(trace=trace)) == (2, 0.5)
+    assert driver.kernels_without_op(SimpleNamespace(trace=None)) == (0, 0.0)
+    assert driver.kernels_without_op(SimpleNamespace(trace=SimpleNamespace())) == (0, 0.0)
     for lost_ms, warned in ((0.5, True), (0.09, False)):
         r = Report(
             device=Device("x", "cuda", 1.0, 1.0, 1.0),
@@ -751,3 +752,14 @@ def test_a_graph_missing_ops_is_reported_not_silent(capsys):
         text = capsys.readouterr().out
         assert ("incomplete op graph: 2 kernels" in text) is warned
         assert ("incomplete op graph" in render_html(d)) is warned
+    assert incomplete_graph({"median_ms": float("nan"), "kernels_without_op_ms": 0.0}) is None
+    assert incomplete_graph({"median_ms": 10.0}) is None  # a report from before the fields
+
+    from test_diagnose import golden, observed
+
+    from fusewise.hardware import Ceilings
+
+    monkeypatch.setattr(driver, "kernels_without_op", lambda obs: (3, 1.5))
+    ceil = Ceilings("NVIDIA H200 (PERF.md)", "cuda", 4274.0, 686.0, "test")
+    step = driver.analyze(observed(golden("naive"), {}, [10.0, 11.0, 12.0], 20.0), ceil).step
+    assert (step.kernels_without_op, step.kernels_without_op_ms) == (3, 1.5)

@@ -345,6 +345,29 @@ def test_trace_from_kineto_events_joins_launches_kernels_ops_and_syncs():
     assert trace_from_events(events[:6], {}, spans) is None  # no device work
 
 
+def test_kernels_of_ops_the_walk_never_reached_are_counted():
+    """A kernel linked to an op event the graph's walk reached is not lost, graph op or not (an
+    autograd Function's own event launches kernels and is no graph op); one linked to an op
+    event the walk never reached is (the graph lacks that op), and one linked to no op at all
+    is neither."""
+    events = [
+        _Event("aten::mul", 1_000, 20_000, corr=7),
+        _Event("MyFunction", 30_000, 10_000, corr=8),  # walked, no graph op
+        _Event("aten::add", 50_000, 10_000, corr=9),  # never walked
+        _Event("mul_kernel", 9_000, 4_000, corr=101, linked=7, cuda=True),
+        _Event("triton_kernel", 35_000, 2_000, corr=102, linked=8, cuda=True),
+        _Event("add_kernel", 55_000, 3_000, corr=103, linked=9, cuda=True),
+        _Event("add_kernel", 58_000, 5_000, corr=104, linked=9, cuda=True),
+        _Event("orphan_kernel", 70_000, 1_000, corr=105, linked=0, cuda=True),
+    ]
+    spans = [(1_000, 21_000)]
+    tr = trace_from_events(events, {7: [0]}, spans, walked={7, 8})
+    assert [k.op for k in tr.kernels] == [0, -1, -1, -1, -1]
+    assert (tr.unwalked_kernels, tr.unwalked_us) == (2, 8.0)
+    tr = trace_from_events(events, {7: [0]}, spans)  # not counted without the walked set
+    assert (tr.unwalked_kernels, tr.unwalked_us) == (0, 0.0)
+
+
 def _chain_graph():
     """x -> mul -> add -> exp -> y on the GPU, 64 MiB each, 0.5 ms each op."""
     mb = 1 << 20

@@ -27,6 +27,10 @@ class Builder:
         self.meta: dict[int, list] = {}  # op index -> (input tensors, output tensors)
         self.written: dict[int, set[int]] = {}
         self.corr: dict[int, list[int]] = {}  # correlation id -> op indices
+        # correlation ids of every op event the walk reached, graph op or not (an autograd
+        # Function's own event launches kernels but is no graph op): a kernel linked to none of
+        # them was launched by an op the walk never saw (capture/_trace.py, unwalked_kernels)
+        self.walked: set[int] = set()
         self.optimizer_marks: list[tuple[int, int, bool]] = []  # (time, thread, is a begin)
         self.optimizer_ranges: list[tuple[int, int, int]] = []  # (thread, start, end)
         self.unmatched: dict[str, int] = {}  # op names no schema matched (counted, walked into)
@@ -166,6 +170,7 @@ class Builder:
             for c in e.children:
                 self._visit(c, pystack, phase, seq, _events)
             return
+        self.walked.add(e.correlation_id)
         ex = e.extra_fields
         name = e.name
         if ex.scope == self.scope.BACKWARD_FUNCTION or name.startswith("autograd::engine"):

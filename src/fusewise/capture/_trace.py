@@ -51,6 +51,11 @@ class StepTrace:
     # (label, µs) of each backward call's begin and end and each optimizer step's begin and end
     # (capture/profiler.py's marks; the plain steps note the same on the host's clock)
     marks: list[tuple[str, float]] = field(default_factory=list)
+    # kernels launched by an op event the graph's walk never reached (the graph lacks that op
+    # and those after it: see capture/_event_graph.py's walk), and their device µs; a kernel of
+    # an op the walk reached but that is no graph op (an autograd Function's own) is not counted
+    unwalked_kernels: int = 0
+    unwalked_us: float = 0.0
 
     @property
     def step_end_us(self) -> float:
@@ -58,10 +63,14 @@ class StepTrace:
         return self.syncs[-1][0] if self.syncs else self.end_us
 
 
-def trace_from_events(events, corr_ops: dict[int, list[int]], spans_ns) -> StepTrace | None:
+def trace_from_events(
+    events, corr_ops: dict[int, list[int]], spans_ns, walked: set[int] | None = None
+) -> StepTrace | None:
     """events: the session's kineto events (results.events()); corr_ops: correlation id -> the
     op-graph indices whose events hold it (outermost first, capture/_event_graph.Builder.corr);
-    spans_ns: (start, end) ns of each op-graph op. None without device work or host events."""
+    spans_ns: (start, end) ns of each op-graph op; walked: the correlation ids of every op event
+    the graph's walk reached (Builder.walked; None: not counted). None without device work or
+    host events."""
     host, launches, kernels, marks = [], {}, [], []
     for e in events:
         name = e.name()
@@ -94,6 +103,9 @@ def trace_from_events(events, corr_ops: dict[int, list[int]], spans_ns) -> StepT
         # the launch call; else the op that launched it; else no earlier than it started
         issue = launches.get(corr, op_start.get(linked, start))
         op = (corr_ops.get(linked) or [-1])[0]
+        if walked is not None and linked > 0 and op < 0 and linked not in walked:
+            trace.unwalked_kernels += 1
+            trace.unwalked_us += dur / 1e3
         issued.append((issue, start, Kernel(us(issue), dur / 1e3, op, us(start))))
     # one stream's kernels run in issue order; ties (one call, several copies) by device start
     trace.kernels = [k for _, _, k in sorted(issued, key=lambda x: (x[0], x[1]))]

@@ -86,16 +86,16 @@ def graph_from_profile(prof, cuda: bool | None = None) -> OpGraph:
     graph_from_profile.unmatched = b.unmatched  # the last build's, for tests and debugging
     # the step's host/device trace, for replaying it without some ops (diagnose/_replay.py)
     graph_from_profile.trace = (
-        _trace_or_none(results, b.corr, b.spans) if cuda and kernels else None
+        _trace_or_none(results, b.corr, b.spans, b.walked) if cuda and kernels else None
     )
     return graph
 
 
-def _trace_or_none(results, corr_ops, spans) -> StepTrace | None:
+def _trace_or_none(results, corr_ops, spans, walked) -> StepTrace | None:
     """The step's trace; None (the estimate then goes without it) when kineto's events lack
     what it reads."""
     try:
-        return trace_from_events(results.events(), corr_ops, spans)
+        return trace_from_events(results.events(), corr_ops, spans, walked)
     except (AttributeError, RuntimeError, TypeError):
         return None
 

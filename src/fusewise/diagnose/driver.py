@@ -93,17 +93,16 @@ def analyze(obs: Observation, ceil, *, top: int = 10) -> Report:
 
 
 def kernels_without_op(obs: Observation) -> tuple[int, float]:
-    """(count, device ms) of the recorded step's kernels that joined no op of its graph. Every
-    kernel is launched by some op, so these are ops the graph lacks: on the H200 the profiler's
-    event tree now and then gave no op for the rest of a step from some point on (1-3 of 8
-    recorded demo steps, 112-406 of 1,386 ops), and every finding in that part of the step then
-    predicts too little. The report warns of it (report.incomplete_graph) rather than stay
-    silent."""
+    """(count, device ms) of the recorded step's kernels launched by an op event the graph's walk
+    never reached (capture/_trace.py, unwalked_kernels): ops the graph lacks. On the H200 the
+    walk now and then lost the rest of a step from some point on (1-3 of 8 recorded demo steps,
+    112-406 of 1,386 ops) and every finding in that part of the step predicted too little; the
+    report warns of it (report.incomplete_graph) rather than stay silent. Kernels of an op the
+    walk reached that is no graph op (an autograd Function's own launches) do not count."""
     trace = getattr(obs, "trace", None)
     if trace is None:
         return 0, 0.0
-    lost = [k for k in trace.kernels if k.op < 0]
-    return len(lost), sum(k.duration_us for k in lost) / 1e3
+    return getattr(trace, "unwalked_kernels", 0), getattr(trace, "unwalked_us", 0.0) / 1e3
 
 
 def _memory_scaling(obs: Observation) -> dict | None:
