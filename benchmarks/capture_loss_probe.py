@@ -84,12 +84,14 @@ def probe(name: str, captures: int) -> None:
         graph = profiled.graph_from_profile(prof, cuda)
         trace = profiled.graph_from_profile.trace
         lost = [k for k in trace.kernels if k.op < 0] if trace else []
+        unwalked = trace.unwalked_kernels if trace else 0
         phases = dict(collections.Counter(op.phase for op in graph.ops))
         prof.profiler.kineto_results = None
         profiler.collect()
         incomplete += bool(lost)
         print(
-            f"{name} capture {i}: {len(graph.ops)} ops {phases}, {len(lost)} kernels without an op"
+            f"{name} capture {i}: {len(graph.ops)} ops {phases}, {len(lost)} kernels without an "
+            f"op ({unwalked} of ops the walk never reached)"
             + (f" (first issued at {min(k.issue_us for k in lost) / 1e3:.2f} ms)" if lost else "")
             + f"; events of another kind holding ops: {held or 'none'}",
             flush=True,
