@@ -378,6 +378,20 @@ def test_the_cross_entropy_fix_names_fusewise_op():
     assert "fusewise.optim.AdamW" in found[("optimizer", line_of(OPT_STEP), "optimizer")].fix
 
 
+def _matmul_alone_ms(a, times: int = 5) -> float:
+    """The fastest of a few timings of a @ a: under xdist another test's kernels can share the
+    GPU for one of them (the H200 at 94fb466: one timing of 3.84 ms where the matmul takes 1.36)."""
+    best = float("inf")
+    for _ in range(times):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ a
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end))
+    return best
+
+
 @pytest.mark.gpu
 def test_gpu_op_times_are_device_time_not_host_gaps():
     """Under the recorder the host is slow (it records every op), so the GPU idles between ops.
@@ -389,12 +403,7 @@ def test_gpu_op_times_are_device_time_not_host_gaps():
     small = torch.randn(1024, device="cuda")
     for _ in range(3):
         a @ a
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    a @ a
-    end.record()
-    torch.cuda.synchronize()
-    alone = start.elapsed_time(end)
+    alone = _matmul_alone_ms(a)
     with Recorder() as rec:
         for _ in range(50):
             small = small * 1.0001 + 1e-3
