@@ -1,7 +1,8 @@
 """Capture overhead: a step under each op-graph capture against the plain step, and the seconds
 the graph takes to build afterwards. Captures: "recorder" (capture/opgraph.py, Python dispatch
 modes), "profiler" (capture/profiled.py, one torch.profiler session: the default) and, to price
-with_stack, "profiler-nostack" (the same session without stacks; no graph).
+with_stack, "profiler-nostack" (the same session without stacks; no graph); with --options also
+the session without profile_memory, without record_shapes, and with none of the three.
 
     PYTHONPATH=src python benchmarks/capture_overhead.py            # GPU: the two cases below
     PYTHONPATH=src python benchmarks/capture_overhead.py --cpu      # CPU: small real models
@@ -50,16 +51,17 @@ CPU_CASES = {
 }
 
 
-class _NoStack:
-    """What with_stack costs: the profiler capture's session without it (no graph is built)."""
+class _Bare:
+    """A torch.profiler session as the profiler capture's, with some of its options off (no
+    graph is built): what each option costs. `options`: the profile's keyword arguments."""
+
+    options: dict = {}
 
     def __enter__(self):
         acts = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             acts.append(torch.profiler.ProfilerActivity.CUDA)
-        self._prof = profiler.enter(
-            torch.profiler.profile(activities=acts, record_shapes=True, profile_memory=True)
-        )
+        self._prof = profiler.enter(torch.profiler.profile(activities=acts, **self.options))
         self.graph = None
         return self
 
@@ -69,7 +71,21 @@ class _NoStack:
         profiler.collect()
 
 
-CAPTURES = {"recorder": Recorder, "profiler": ProfiledCapture, "profiler-nostack": _NoStack}
+def _session(**options):
+    return type("_Session", (_Bare,), {"options": options})
+
+
+CAPTURES = {
+    "recorder": Recorder,
+    "profiler": ProfiledCapture,
+    "profiler-nostack": _session(record_shapes=True, profile_memory=True),
+}
+# with --options: one option off at a time, and none (CPU and CUDA activities only)
+OPTION_SESSIONS = {
+    "profiler-nomemory": _session(record_shapes=True, with_stack=True),
+    "profiler-noshapes": _session(profile_memory=True, with_stack=True),
+    "profiler-bare": _session(),
+}
 
 
 _phases: dict[str, list] = {}  # ops by phase in each round's graph, by capture (--phases)
@@ -155,10 +171,15 @@ def main():
     ap.add_argument("--cpu", action="store_true", help="small real models on the CPU")
     ap.add_argument("--cases", nargs="*", help="a subset of the cases, by name")
     ap.add_argument("--phases", action="store_true", help="ops by phase in every round's graph")
+    ap.add_argument(
+        "--options", action="store_true", help="also sessions with one option off, and none"
+    )
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     cuda = torch.cuda.is_available() and not args.cpu
     cases = GPU_CASES if cuda else CPU_CASES
+    if args.options:
+        CAPTURES.update(OPTION_SESSIONS)
     rows = []
     for name, (cfg, rounds) in cases.items():
         if args.cases and name not in args.cases:

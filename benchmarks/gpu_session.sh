@@ -28,7 +28,7 @@ for what in "$@"; do
       timeout 100 python benchmarks/replay_check.py 2>&1 | grep -v USDT > "$OUT/replay_check.txt"
       grep -E "^---|^rule" "$OUT/replay_check.txt" ;;
     capture)
-      timeout 170 python benchmarks/capture_overhead.py 2>&1 | grep -v USDT | tail -8 ;;
+      timeout 170 python benchmarks/capture_overhead.py ${CAPTURE_ARGS:-} 2>&1 | grep -v USDT | tail -12 ;;
     demo)
       timeout 240 python -m fusewise demo 2>&1 | grep -v USDT > "$OUT/demo.txt"
       tail -4 "$OUT/demo.txt" ;;
