@@ -163,10 +163,10 @@ class Builder:
             # hands the op a number, which the recorder does not count as a tensor read
             self.wrapped_numbers.add(e.extra_fields.allocation_id)
         if e.tag != T.TorchOp:
-            # an op is an op wherever the tree puts it: on the H200, 1-3 of every 8 recorded
-            # demo steps lost the rest of the step's ops from ~27 ms into the session on (their
-            # kernels kept, joined to no op), and an event of another kind (kineto's) holding
-            # them as children is the candidate: walked into, not dropped
+            # an op is an op wherever the tree puts it: on the H200 a kineto event named
+            # Optimizer.step#..., placed in the host's tree by time mid-optimizer, held up to 452
+            # of the demo step's ops (benchmarks/capture_loss_probe.py); not walked into, they
+            # and their kernels' times were lost to the graph
             for c in e.children:
                 self._visit(c, pystack, phase, seq, _events)
             return
