@@ -141,6 +141,9 @@ def measure(name: str, cfg: GPTConfig, rounds: int, cuda: bool) -> list[dict]:
         with_start = [a + s for a, s in zip(starts[kind], under[kind])]
         ms = statistics.median(with_start)
         step_ms = statistics.median(under[kind])
+        # each round's step under the capture against that round's plain step: the spread the
+        # host's speed, which moves within a process, leaves on the ratio
+        per_round = sorted(s / p for s, p in zip(under[kind], plain))
         rows.append(
             dict(
                 case=name,
@@ -153,6 +156,9 @@ def measure(name: str, cfg: GPTConfig, rounds: int, cuda: bool) -> list[dict]:
                 start_ms=round(statistics.median(starts[kind]) * 1e3, 2),
                 step_ms=round(step_ms * 1e3, 2),
                 step_ratio=round(step_ms / base, 2),
+                round_ratio_min=round(per_round[0], 2),
+                round_ratio_median=round(statistics.median(per_round), 2),
+                round_ratio_max=round(per_round[-1], 2),
                 build_s=round(statistics.median(builds[kind]), 2),
                 rounds=rounds,
                 device=torch.cuda.get_device_name() if cuda else "cpu",
@@ -171,6 +177,7 @@ def main():
     ap.add_argument("--cpu", action="store_true", help="small real models on the CPU")
     ap.add_argument("--cases", nargs="*", help="a subset of the cases, by name")
     ap.add_argument("--phases", action="store_true", help="ops by phase in every round's graph")
+    ap.add_argument("--rounds", type=int, help="rounds per case (default: the case's own)")
     ap.add_argument(
         "--options", action="store_true", help="also sessions with one option off, and none"
     )
@@ -185,7 +192,7 @@ def main():
         if args.cases and name not in args.cases:
             continue
         _phases.clear()
-        rows += measure(name, cfg, rounds, cuda)
+        rows += measure(name, cfg, args.rounds or rounds, cuda)
         print(f"{name} done", flush=True)
         if args.phases:
             for kind, rounds_seen in _phases.items():
@@ -201,12 +208,15 @@ def main():
     print(
         f"\n{'case':<11}{'capture':<17}{'params':>9}{'ops':>7}{'plain ms':>10}"
         f"{'captured ms':>13}{'ratio':>7}{'start ms':>10}{'step ratio':>12}{'build s':>9}"
+        "  per round [min, max]"
     )
     for r in rows:
         print(
             f"{r['case']:<11}{r['capture']:<17}{r['params'] / 1e9:>8.2f}B{r['ops']:>7}"
             f"{r['plain_ms']:>10.1f}{r['captured_ms']:>13.1f}{r['ratio']:>7.2f}"
             f"{r['start_ms']:>10.1f}{r['step_ratio']:>12.2f}{r['build_s']:>9.2f}"
+            f"  {r['round_ratio_median']:.2f} [{r['round_ratio_min']:.2f},"
+            f" {r['round_ratio_max']:.2f}]"
         )
 
 

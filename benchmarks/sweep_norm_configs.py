@@ -12,7 +12,8 @@ Parts (--parts):
   fwdwide   the forward's wide path: chunk and warps
   fused     the fused backward: elements per tile, warps, programs per SM (one setting for all
             widths up to 8192)
-  fused16k  the fused backward at 16384 (warps, prefetch, lean) against the split kernels; bf16
+  fused16k  the fused backward at 16384 (warps, x and dy read again or held) against the
+            split kernels, two alternated rounds
   lean      A/B of the fused backward's `lean` (launch.Bwd), shipped settings otherwise
   split     the split backward (rows past the fused kernel's reach): tile rows, columns, warps,
             waves; the row sums' warps and unrolled loads
@@ -76,9 +77,13 @@ def measure(inputs, op, mode, n, dtype):
 
 
 def _with_16384(op: str, setting):
-    """BWD_CONFIGS with op's bf16 rows of 16384 on `setting`, or on the split kernels if None."""
-    bf16 = tuple(c for c in L.BWD_CONFIGS[op, 2] if c.widest < 16384)
-    return {**L.BWD_CONFIGS, (op, 2): bf16 + ((setting,) if setting else ())}
+    """BWD_CONFIGS with op's rows of 16384 (bf16 and fp32) on `setting`, or on the split
+    kernels if None."""
+    configs = dict(L.BWD_CONFIGS)
+    for size in (2, 4):
+        narrower = tuple(c for c in L.BWD_CONFIGS[op, size] if c.widest < 16384)
+        configs[op, size] = narrower + ((setting,) if setting else ())
+    return configs
 
 
 def settings(part: str, op: str):
@@ -89,12 +94,14 @@ def settings(part: str, op: str):
             configs = {**L.BWD_CONFIGS, (op, 2): one, (op, 4): one}
             yield f"tile={tile} warps={warps} pps={pps}", {"BWD_CONFIGS": configs}
     elif part == "fused16k":
-        # rows of 16384 in the fused kernel (one row a tile) against the split kernels; bf16
-        yield "split kernels", {"BWD_CONFIGS": _with_16384(op, None)}
-        for warps, prefetch, lean in itertools.product([16, 32], [True, False], [True, False]):
-            setting = L.Bwd(16384, 16384, warps, 1, prefetch, lean)
-            label = f"warps={warps} prefetch={prefetch} lean={lean}"
-            yield label, {"BWD_CONFIGS": _with_16384(op, setting)}
+        # rows of 16384 in the fused kernel (one row a tile, loads at each tile's turn) against
+        # the split kernels, alternated over two rounds
+        for r in (1, 2):
+            yield f"split kernels #{r}", {"BWD_CONFIGS": _with_16384(op, None)}
+            for warps, reload in [(32, False), (32, True), (16, True)]:
+                setting = L.Bwd(16384, 16384, warps, 1, prefetch=False, lean=True, reload=reload)
+                label = f"warps={warps} lean{' reload' if reload else ''} #{r}"
+                yield label, {"BWD_CONFIGS": _with_16384(op, setting)}
     elif part == "lean":
         # A/B of the fused backward's `lean` at every width, alternated twice
         for label in ["before#1", "lean#1", "before#2", "lean#2"]:

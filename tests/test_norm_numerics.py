@@ -190,15 +190,19 @@ def test_backward_reach_is_capped_by_max_block_n(monkeypatch):
     assert norm_launch.use_wide_path(4097, True, "rms_norm", 2)
 
 
-@pytest.mark.parametrize("prefetch,lean", [(False, True), (False, False), (True, True)])
+@pytest.mark.parametrize(
+    "prefetch,lean,reload",
+    [(False, True, False), (False, False, False), (True, True, False), (False, True, True)],
+)
 @pytest.mark.parametrize("dname", ["fp32", "bf16"])
 @pytest.mark.parametrize("op", OPS)
-def test_fused_backward_loads_and_order(op, dname, prefetch, lean, device, monkeypatch):
+def test_fused_backward_loads_and_order(op, dname, prefetch, lean, reload, device, monkeypatch):
     """The fused backward's variants (launch.Bwd): loads at each tile's turn (the weight's too)
-    or prefetched, the weight-gradient sums before or after dx. Several tiles per program (3
+    or prefetched, the weight-gradient sums before or after dx, x and dy read again for dx
+    (reload) or held. Several tiles per program (3
     programs under the interpreter, one per multiprocessor on a GPU), the last tile ragged, and a
     ragged row. (prefetch, not lean) is what test_block_path covers at most widths."""
-    setting = norm_launch.Bwd(1 << 20, 256, 4, 1, prefetch, lean)
+    setting = norm_launch.Bwd(1 << 20, 256, 4, 1, prefetch, lean, reload)
     monkeypatch.setattr(
         norm_launch, "BWD_CONFIGS", dict.fromkeys(norm_launch.BWD_CONFIGS, (setting,))
     )
@@ -207,16 +211,21 @@ def test_fused_backward_loads_and_order(op, dname, prefetch, lean, device, monke
     check(op, make_inputs(op, (301, 100), dtype, device), SLACK[dtype])
 
 
-@pytest.mark.parametrize("prefetch,lean", [(False, True), (False, False), (True, True)])
+@pytest.mark.parametrize(
+    "prefetch,lean,reload",
+    [(False, True, False), (False, False, False), (True, True, False), (False, True, True)],
+)
 @pytest.mark.parametrize("dname", ["fp32", "bf16"])
 @pytest.mark.parametrize("op", OPS)
-def test_fused_backward_variants_without_weight(op, dname, prefetch, lean, device, monkeypatch):
+def test_fused_backward_variants_without_weight(
+    op, dname, prefetch, lean, reload, device, monkeypatch
+):
     """As above with no weight (and no bias): the kernel's weight loads, held or at each tile's
     turn, must not happen. dx (and add+RMSNorm's residual gradient) against float64, held to
     eager PyTorch's error in the same dtype."""
     import fusewise
 
-    setting = norm_launch.Bwd(1 << 20, 256, 4, 1, prefetch, lean)
+    setting = norm_launch.Bwd(1 << 20, 256, 4, 1, prefetch, lean, reload)
     configs = dict.fromkeys(norm_launch.BWD_CONFIGS, (setting,))
     monkeypatch.setattr(norm_launch, "BWD_CONFIGS", configs)
     dtype = DTYPES[dname]

@@ -40,6 +40,38 @@ def _dx_tile(xhat, dy, w, rstd, N, IS_RMS: tl.constexpr, HAS_W: tl.constexpr):
 
 
 @triton.jit
+def _dx_reloaded(
+    X, W, DY, xhat, dy, mean, rstd, rows, cols, mask, col_ok, stride_x, stride_dy, N,
+    IS_RMS: tl.constexpr, HAS_W: tl.constexpr,
+):  # fmt: skip
+    """dx for a tile whose x and dy are read again after the row sums (from L1 or L2: the
+    tile was read a moment before), so that neither is held in registers across the sums'
+    cross-thread reduction beside the weight-gradient accumulators. Those are what spilled
+    LayerNorm at 16384 elements a row: 16 elements a thread on 32 warps, x, dy and the two
+    accumulators at 16 registers each against the 64 a thread has there."""
+    wdy = dy * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else dy
+    c1 = tl.sum(xhat * wdy, axis=1) / N
+    if not IS_RMS:
+        c2 = tl.sum(wdy, axis=1) / N
+    rows64 = rows.to(tl.int64)[:, None]
+    # evict_first: another eviction policy than the first read's, so the compiler cannot merge
+    # the two reads into one held value, which is the point; and the tile is not read again
+    x = tl.load(
+        X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first"
+    ).to(tl.float32)
+    dy = tl.load(
+        DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first"
+    ).to(tl.float32)
+    xhat = _xhat(x, mean, rstd, mask, IS_RMS)
+    if HAS_W:
+        dy = dy * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    dx = dy - xhat * c1[:, None]
+    if not IS_RMS:
+        dx -= c2[:, None]
+    return dx * rstd[:, None]
+
+
+@triton.jit
 def _store_dx(dx, DH, DX, rows64, cols, mask, stride_dh, N, HAS_DH: tl.constexpr):
     """Write dx, plus the residual branch's gradient (add+RMSNorm)."""
     if HAS_DH:
@@ -122,6 +154,7 @@ def norm_bwd_block_kernel(
     BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr,
     LEAN: tl.constexpr,
+    RELOAD: tl.constexpr,
 ):
     """Persistent: program p takes row tiles p, p+P, ...; writes dx, and its fp32 partial sums
     of dy·x̂ and dy into row p of DW_part / DB_part (summed afterwards: deterministic, no atomics).
@@ -169,11 +202,17 @@ def norm_bwd_block_kernel(
         # LEAN: the weight-gradient sums first, so dy is dead across the row sums dx needs (SASS
         # sm_90, RMSNorm at 16384 on 32 warps, no prefetch: 33 spilled registers -> 12, and 0
         # with the weight loaded at each tile).
-        if LEAN:
+        if LEAN or RELOAD:
             dw_acc, db_acc = _accumulate(dw_acc, db_acc, dy, xhat, HAS_W, HAS_B)
-        dx = _dx_tile(xhat, dy, w, rstd, N, IS_RMS, HAS_W)
+        if RELOAD:
+            dx = _dx_reloaded(
+                X, W, DY, xhat, dy, mean, rstd, rows, cols, mask, col_ok, stride_x, stride_dy,
+                N, IS_RMS, HAS_W,
+            )  # fmt: skip
+        else:
+            dx = _dx_tile(xhat, dy, w, rstd, N, IS_RMS, HAS_W)
         _store_dx(dx, DH, DX, rows.to(tl.int64)[:, None], cols, mask, stride_dh, N, HAS_DH)
-        if not LEAN:
+        if not (LEAN or RELOAD):
             dw_acc, db_acc = _accumulate(dw_acc, db_acc, dy, xhat, HAS_W, HAS_B)
     _store_partials(DW_part, DB_part, pid, cols, col_ok, N, dw_acc, db_acc, HAS_W, HAS_B)
 

@@ -50,6 +50,8 @@ class Bwd(NamedTuple):
     # weight is also loaded at each tile (from L1), not held: rows too wide to hold two tiles
     lean: bool = False  # the weight-gradient sums before dx, the weight held in its storage
     # dtype: fewer registers live across the row sums (kernels_bwd.norm_bwd_block_kernel)
+    reload: bool = False  # x and dy read again (from L1/L2) for dx after the row sums, not held
+    # across them; the weight-gradient sums first, as lean (kernels_bwd._dx_reloaded)
 
 
 # Backward, fused kernel, by (op, bytes per element), from the sweeps at 32288f2 (bf16) and
@@ -285,6 +287,7 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
             BLOCK_N=block_n,
             PREFETCH=setting.prefetch,
             LEAN=setting.lean,
+            RELOAD=setting.reload,
             num_warps=setting.warps,
         )
     return dx, *_finish_weight_grads(dw_part, db_part, weight, bias, dev)
