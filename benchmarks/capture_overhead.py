@@ -2,7 +2,8 @@
 the graph takes to build afterwards. Captures: "recorder" (capture/opgraph.py, Python dispatch
 modes), "profiler" (capture/profiled.py, one torch.profiler session: the default) and, to price
 with_stack, "profiler-nostack" (the same session without stacks; no graph); with --options also
-the session without profile_memory, without record_shapes, and with none of the three.
+the session without profile_memory, without record_shapes, with none of the three, and with all
+three but no CUDA activity.
 
     PYTHONPATH=src python benchmarks/capture_overhead.py            # GPU: the two cases below
     PYTHONPATH=src python benchmarks/capture_overhead.py --cpu      # CPU: small real models
@@ -56,10 +57,11 @@ class _Bare:
     graph is built): what each option costs. `options`: the profile's keyword arguments."""
 
     options: dict = {}
+    cuda = True  # trace CUDA (when there is a GPU)
 
     def __enter__(self):
         acts = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available():
+        if self.cuda and torch.cuda.is_available():
             acts.append(torch.profiler.ProfilerActivity.CUDA)
         self._prof = profiler.enter(torch.profiler.profile(activities=acts, **self.options))
         self.graph = None
@@ -71,8 +73,8 @@ class _Bare:
         profiler.collect()
 
 
-def _session(**options):
-    return type("_Session", (_Bare,), {"options": options})
+def _session(cuda: bool = True, **options):
+    return type("_Session", (_Bare,), {"options": options, "cuda": cuda})
 
 
 CAPTURES = {
@@ -85,6 +87,11 @@ OPTION_SESSIONS = {
     "profiler-nomemory": _session(record_shapes=True, with_stack=True),
     "profiler-noshapes": _session(profile_memory=True, with_stack=True),
     "profiler-bare": _session(),
+    # every option, CPU activity only: what tracing CUDA (CUPTI's runtime callbacks and kernel
+    # records) adds to a launch-bound step
+    "profiler-nocuda": _session(
+        cuda=False, record_shapes=True, profile_memory=True, with_stack=True
+    ),
 }
 
 
