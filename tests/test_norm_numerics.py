@@ -76,6 +76,20 @@ def test_wide_path(op, dname, device, monkeypatch):
     check(op, make_inputs(op, (9, 1823), dtype, device), SLACK[dtype])
 
 
+@pytest.mark.parametrize("strided", [False, True])
+@pytest.mark.parametrize("shape", [(301, 100), (37, 1823), (2, 7)])
+@pytest.mark.parametrize("dname", ["fp32", "bf16"])
+@pytest.mark.parametrize("op", OPS)
+def test_prefetching_forward(op, dname, shape, strided, device, monkeypatch):
+    """The persistent forward that loads the next tile during this one (launch.FWD_PREFETCH_FROM),
+    reached at every width by lowering the limit: several tiles a program (3 programs under the
+    interpreter, one a multiprocessor on a GPU), the last tile ragged (301 rows, 16 a tile), one
+    row a tile (1823), fewer tiles than programs (2 rows), rows strided."""
+    monkeypatch.setattr(norm_launch, "FWD_PREFETCH_FROM", 1)
+    dtype = DTYPES[dname]
+    check(op, make_inputs(op, shape, dtype, device, strided=strided), SLACK[dtype])
+
+
 @pytest.mark.parametrize("dname", ["fp32", "bf16"])
 @pytest.mark.parametrize("op", OPS)
 def test_split_backward_row_tiles_and_groups(op, dname, device, monkeypatch):

@@ -37,6 +37,12 @@ WIDE_CHUNK_FWD = 32768
 TILE_ELEMENTS_FWD = 2048
 FWD_ELEMENTS_PER_THREAD = 32
 MAX_WARPS_FWD = 16
+# Rows of at least FWD_PREFETCH_FROM elements on the block path take the persistent kernel that
+# loads the next tile during this one (kernels.norm_fwd_prefetch_kernel), on FWD_PREFETCH_WARPS
+# warps, FWD_PREFETCH_PER_SM programs a multiprocessor. None: never.
+FWD_PREFETCH_FROM: int | None = None
+FWD_PREFETCH_WARPS = 32
+FWD_PREFETCH_PER_SM = 1
 
 
 class Bwd(NamedTuple):
@@ -210,6 +216,33 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
             eps,
             BLOCK_N=WIDE_CHUNK_FWD,
             num_warps=WIDE_WARPS,
+            **flags,
+        )
+    elif FWD_PREFETCH_FROM is not None and n >= FWD_PREFETCH_FROM:
+        block_m, block_n, _ = block_config(n)
+        n_tiles = cdiv(m, block_m)
+        programs = min(n_tiles, FWD_PREFETCH_PER_SM * _programs_per_wave(dev))
+        launch(
+            K.norm_fwd_prefetch_kernel,
+            (programs,),
+            x,
+            r,
+            weight,
+            bias,
+            y,
+            h_buf,
+            mean_buf,
+            rstd,
+            m,
+            n,
+            x.stride(0),
+            stride_r,
+            eps,
+            programs,
+            cdiv(n_tiles, programs),
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            num_warps=FWD_PREFETCH_WARPS,
             **flags,
         )
     else:
