@@ -10,7 +10,6 @@ Parts (--parts):
   bwd       the backward with the shipped settings, every width
   fwdblock  the forward's block path: elements per tile, elements per thread, most warps
   fwdwide   the forward's wide path: chunk and warps
-  fwd16k    the forward's block kernel against the persistent one that prefetches (8192-32768)
   fused     the fused backward: elements per tile, warps, programs per SM (one setting for all
             widths up to 8192)
   fused16k  the fused backward at 16384 (warps, x and dy read again or held) against the
@@ -134,19 +133,6 @@ def settings(part: str, op: str):
                 f"tile={tile} ept={ept} max_warps={maxw}",
                 dict(TILE_ELEMENTS_FWD=tile, FWD_ELEMENTS_PER_THREAD=ept, MAX_WARPS_FWD=maxw),
             )
-    elif part == "fwd16k":
-        # the forward's block kernel against its persistent, prefetching twin, two rounds
-        for r in (1, 2):
-            yield f"block kernel #{r}", {"FWD_PREFETCH_FROM": None}
-            for warps, per_sm in [(32, 1), (16, 1), (16, 2)]:
-                values = dict(FWD_PREFETCH_WARPS=warps, FWD_PREFETCH_PER_SM=per_sm)
-                yield (
-                    f"prefetch warps={warps} per_sm={per_sm} #{r}",
-                    {
-                        "FWD_PREFETCH_FROM": 8192,
-                        **values,
-                    },
-                )
     elif part == "fwdwide":
         for chunk, warps in [(16384, 16), (32768, 16), (32768, 32), (65536, 32)]:
             yield f"chunk={chunk} warps={warps}", {"WIDE_CHUNK_FWD": chunk, "WIDE_WARPS": warps}
@@ -159,7 +145,6 @@ WIDTHS = {
     "bwd": BLOCK_WIDTHS + WIDE_WIDTHS,
     "fwdblock": [1024, 4096, 8192, 16384, 32768],
     "fwdwide": WIDE_WIDTHS[1:],
-    "fwd16k": [8192, 16384, 32768],
     "fused": BLOCK_WIDTHS,
     "fused16k": [16384],
     "lean": BLOCK_WIDTHS,

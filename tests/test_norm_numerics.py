@@ -76,20 +76,6 @@ def test_wide_path(op, dname, device, monkeypatch):
     check(op, make_inputs(op, (9, 1823), dtype, device), SLACK[dtype])
 
 
-@pytest.mark.parametrize("strided", [False, True])
-@pytest.mark.parametrize("shape", [(301, 100), (37, 1823), (2, 7)])
-@pytest.mark.parametrize("dname", ["fp32", "bf16"])
-@pytest.mark.parametrize("op", OPS)
-def test_prefetching_forward(op, dname, shape, strided, device, monkeypatch):
-    """The persistent forward that loads the next tile during this one (launch.FWD_PREFETCH_FROM),
-    reached at every width by lowering the limit: several tiles a program (3 programs under the
-    interpreter, one a multiprocessor on a GPU), the last tile ragged (301 rows, 16 a tile), one
-    row a tile (1823), fewer tiles than programs (2 rows), rows strided."""
-    monkeypatch.setattr(norm_launch, "FWD_PREFETCH_FROM", 1)
-    dtype = DTYPES[dname]
-    check(op, make_inputs(op, shape, dtype, device, strided=strided), SLACK[dtype])
-
-
 @pytest.mark.parametrize("dname", ["fp32", "bf16"])
 @pytest.mark.parametrize("op", OPS)
 def test_split_backward_row_tiles_and_groups(op, dname, device, monkeypatch):
@@ -136,13 +122,12 @@ def test_forward_settings_by_width():
 
 
 def test_backward_paths_by_width():
-    """The fused backward holds rows up to its widest configured block (8192 elements, 16384 for
-    RMSNorm and add+RMSNorm in bf16); wider rows take the split kernels. Each width's fused
-    setting is the one for the smallest block that holds it."""
+    """The fused backward holds rows up to its widest configured block (16384 elements, 8192 for
+    LayerNorm in fp32); wider rows take the split kernels. Each width's fused setting is the one
+    for the smallest block that holds it."""
     L, Bwd = norm_launch, norm_launch.Bwd
-    for op, size in [("layer_norm", 2), ("layer_norm", 4), ("rms_norm", 4), ("add_rms_norm", 4)]:
-        assert not L.use_wide_path(8192, True, op, size)
-        assert L.use_wide_path(8193, True, op, size)
+    assert not L.use_wide_path(8192, True, "layer_norm", 4)
+    assert L.use_wide_path(8193, True, "layer_norm", 4)
     assert L.bwd_config(4096, "layer_norm") == (2, 4096, Bwd(8192, 8192, 8, 1))
     assert L.bwd_config(600, "layer_norm") == (4, 1024, Bwd(2048, 4096, 4, 2, True, True))
     assert L.bwd_config(100, "rms_norm") == (64, 128, Bwd(1024, 8192, 16, 1))
@@ -156,13 +141,17 @@ def test_backward_paths_by_width():
     assert L.bwd_config(1000, "add_rms_norm") == (8, 1024, Bwd(1024, 8192, 16, 1, True, True))
     assert L.bwd_config(4096, "add_rms_norm") == (2, 4096, Bwd(8192, 8192, 16, 1))
     assert all(L.bwd_config(n, "add_rms_norm", 4)[2].lean for n in (256, 1024, 2048, 8192))
-    # RMSNorm in bf16/fp16 holds rows of 16384 (one a tile, 32 warps, loads at each tile's turn)
-    for op in ("rms_norm", "add_rms_norm"):
-        assert not L.use_wide_path(16384, True, op, 2)
-        assert L.use_wide_path(16385, True, op, 2)
-        assert L.bwd_config(16384, op) == (1, 16384, Bwd(16384, 16384, 32, 1, False, True))
-    for op, size in [("layer_norm", 2), ("layer_norm", 4), ("rms_norm", 4), ("add_rms_norm", 4)]:
-        assert L.use_wide_path(16384, True, op, size)
+    # rows of 16384: one a tile, 32 warps, loads at each tile's turn; LayerNorm in bf16/fp16
+    # reads x and dy again for dx
+    for op, size in [("rms_norm", 2), ("add_rms_norm", 2), ("rms_norm", 4), ("add_rms_norm", 4)]:
+        assert not L.use_wide_path(16384, True, op, size)
+        assert L.use_wide_path(16385, True, op, size)
+        assert L.bwd_config(16384, op, size) == (1, 16384, Bwd(16384, 16384, 32, 1, False, True))
+    assert not L.use_wide_path(16384, True, "layer_norm", 2)
+    assert L.use_wide_path(16385, True, "layer_norm", 2)
+    setting = Bwd(16384, 16384, 32, 1, prefetch=False, lean=True, reload=True)
+    assert L.bwd_config(9000, "layer_norm") == (1, 16384, setting)
+    assert L.bwd_config(8192, "layer_norm")[2] == Bwd(8192, 8192, 8, 1)
 
 
 @pytest.mark.parametrize("dname", ["fp32", "bf16"])
@@ -270,13 +259,22 @@ def test_fused_backward_variants_without_weight(
         assert rel_err(g, w64) <= rel_err(e, w64) + SLACK[dtype]
 
 
-@pytest.mark.parametrize("op", ["rms_norm", "add_rms_norm"])
-def test_rms_backward_of_rows_up_to_16384_with_the_shipped_setting(op, device):
-    """bf16 rows of 12,289 elements: the fused backward's widest shipped block (16384, loads at
-    each tile's turn), a ragged row, more rows than programs under the interpreter."""
-    assert not norm_launch.use_wide_path(12289, True, op, 2)
-    assert not norm_launch.bwd_config(12289, op, 2)[2].prefetch
-    check(op, make_inputs(op, (7, 12289), torch.bfloat16, device), SLACK[torch.bfloat16])
+@pytest.mark.parametrize(
+    "op, dtype",
+    [
+        ("rms_norm", torch.bfloat16),
+        ("add_rms_norm", torch.bfloat16),
+        ("layer_norm", torch.bfloat16),  # x and dy read again for dx
+        ("rms_norm", torch.float32),
+        ("add_rms_norm", torch.float32),
+    ],
+)
+def test_backward_of_rows_up_to_16384_with_the_shipped_setting(op, dtype, device):
+    """Rows of 12,289 elements: the fused backward's widest shipped block (16384, loads at each
+    tile's turn), a ragged row, more rows than programs under the interpreter."""
+    assert not norm_launch.use_wide_path(12289, True, op, dtype.itemsize)
+    assert not norm_launch.bwd_config(12289, op, dtype.itemsize)[2].prefetch
+    check(op, make_inputs(op, (7, 12289), dtype, device), SLACK[dtype])
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -22,59 +22,19 @@ from .._launch import round_to as _round
 
 
 @triton.jit
-def _load_raw(X, R, rows, cols, mask, stride_x, stride_r, HAS_RES: tl.constexpr):
-    """x and the residual (x again without one) as stored: a persistent program issues the next
-    tile's loads with this before it works on the current one."""
-    rows64 = rows.to(tl.int64)
-    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    r = x
-    if HAS_RES:
-        r = tl.load(R + rows64[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
-    return x, r
-
-
-@triton.jit
-def _row_input(x, r, X, H, rows, cols, mask, N, HAS_RES: tl.constexpr, STORE_H: tl.constexpr):
-    """x (or x + residual, rounded to the activation dtype and optionally stored) as fp32."""
-    if HAS_RES:
-        h = _round(x.to(tl.float32) + r.to(tl.float32), X.dtype.element_ty)
-        if STORE_H:
-            tl.store(H + rows.to(tl.int64)[:, None] * N + cols[None, :], h, mask=mask)
-        x = h
-    return x.to(tl.float32)
-
-
-@triton.jit
 def _load_row_tile(
     X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES: tl.constexpr, STORE_H: tl.constexpr
 ):
     """Load x (or x + residual, rounded to the activation dtype and optionally stored) as fp32."""
-    x, r = _load_raw(X, R, rows, cols, mask, stride_x, stride_r, HAS_RES)
-    return _row_input(x, r, X, H, rows, cols, mask, N, HAS_RES, STORE_H)
-
-
-@triton.jit
-def _normalize_rows(
-    x, rows, cols, row_ok, col_ok, mask, W, B, Y, Mean, Rstd, N, eps,
-    IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-):  # fmt: skip
-    """y of a tile of whole rows held in registers (fp32 x), and each row's rstd (and mean)."""
-    if IS_RMS:
-        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
-        y = x * rstd[:, None]
-    else:
-        mean = tl.sum(x, axis=1) / N
-        xc = tl.where(mask, x - mean[:, None], 0.0)
-        rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
-        y = xc * rstd[:, None]
-        tl.store(Mean + rows, mean, mask=row_ok)
-    tl.store(Rstd + rows, rstd, mask=row_ok)
-    if HAS_W:
-        y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    if HAS_B:
-        y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    y_ptrs = Y + rows.to(tl.int64)[:, None] * N + cols[None, :]
-    tl.store(y_ptrs, _round(y, Y.dtype.element_ty), mask=mask)
+    rows64 = rows.to(tl.int64)
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    if HAS_RES:
+        r = tl.load(R + rows64[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
+        h = _round(x.to(tl.float32) + r.to(tl.float32), X.dtype.element_ty)
+        if STORE_H:
+            tl.store(H + rows64[:, None] * N + cols[None, :], h, mask=mask)
+        x = h
+    return x.to(tl.float32)
 
 
 @triton.jit
@@ -106,59 +66,22 @@ def norm_fwd_block_kernel(
     col_ok = cols < N
     mask = row_ok[:, None] & col_ok[None, :]
     x = _load_row_tile(X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES, True)
-    _normalize_rows(
-        x, rows, cols, row_ok, col_ok, mask, W, B, Y, Mean, Rstd, N, eps, IS_RMS, HAS_W, HAS_B
-    )
-
-
-@triton.jit
-def norm_fwd_prefetch_kernel(
-    X,
-    R,
-    W,
-    B,
-    Y,
-    H,
-    Mean,
-    Rstd,
-    M,
-    N,
-    stride_x,
-    stride_r,
-    eps,
-    n_programs,
-    tiles_per_program,
-    IS_RMS: tl.constexpr,
-    HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr,
-    HAS_RES: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """The block kernel's work, persistent: program p takes row tiles p, p+P, ... and issues the
-    next tile's loads before it reduces the current one, so a multiprocessor's loads stay in
-    flight through the row reductions' barriers (at 16384 elements a row the block kernel fits
-    two programs on a multiprocessor, and LayerNorm's two dependent reductions left it at 84% of
-    the copy ceiling where RMSNorm's one reached 89%)."""
-    pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)  # tiles past the end are fully masked off
-    nxt = _load_raw(
-        X, R, rows, cols, (rows < M)[:, None] & col_ok[None, :], stride_x, stride_r, HAS_RES
-    )
-    for i in range(0, tiles_per_program):
-        rows = (pid + i * n_programs) * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < M
-        mask = row_ok[:, None] & col_ok[None, :]
-        x_raw, r_raw = nxt
-        rows_next = rows + n_programs * BLOCK_M
-        mask_next = (rows_next < M)[:, None] & col_ok[None, :]
-        nxt = _load_raw(X, R, rows_next, cols, mask_next, stride_x, stride_r, HAS_RES)
-        x = _row_input(x_raw, r_raw, X, H, rows, cols, mask, N, HAS_RES, True)
-        _normalize_rows(
-            x, rows, cols, row_ok, col_ok, mask, W, B, Y, Mean, Rstd, N, eps, IS_RMS, HAS_W, HAS_B
-        )
+    if IS_RMS:
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+        y = x * rstd[:, None]
+    else:
+        mean = tl.sum(x, axis=1) / N
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
+        y = xc * rstd[:, None]
+        tl.store(Mean + rows, mean, mask=row_ok)
+    tl.store(Rstd + rows, rstd, mask=row_ok)
+    if HAS_W:
+        y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_B:
+        y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = Y + rows.to(tl.int64)[:, None] * N + cols[None, :]
+    tl.store(y_ptrs, _round(y, Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -37,12 +37,6 @@ WIDE_CHUNK_FWD = 32768
 TILE_ELEMENTS_FWD = 2048
 FWD_ELEMENTS_PER_THREAD = 32
 MAX_WARPS_FWD = 16
-# Rows of at least FWD_PREFETCH_FROM elements on the block path take the persistent kernel that
-# loads the next tile during this one (kernels.norm_fwd_prefetch_kernel), on FWD_PREFETCH_WARPS
-# warps, FWD_PREFETCH_PER_SM programs a multiprocessor. None: never.
-FWD_PREFETCH_FROM: int | None = None
-FWD_PREFETCH_WARPS = 32
-FWD_PREFETCH_PER_SM = 1
 
 
 class Bwd(NamedTuple):
@@ -76,8 +70,14 @@ class Bwd(NamedTuple):
 # lean (fee147f) against 85.2% (7eca3e9) before; RMSNorm's +0.6 at 4096 does not pay for it.
 # RMSNorm bf16 at 16384, one row a tile on 32 warps, loads at each tile's turn, lean: 90.4%
 # against 56.8% for the split kernels in the same sweep (74.2% with the weight held in registers,
-# 54.7% with prefetch: SASS sm_90 shows 0 / 12 / 31 spilled registers). LayerNorm at 16384 stays
-# on the split kernels: 45.7% against 28.5% at best fused (its bias gradient adds a row).
+# 54.7% with prefetch: SASS sm_90 shows 0 / 12 / 31 spilled registers).
+# Rows of 16384 elsewhere, from the sweep at cb17ec1 (2**26 elements, backward alone, two
+# alternated rounds, results/h200_sweep_norms_16k_cb17ec1.txt, split kernels -> fused):
+# LayerNorm bf16 43.1 -> 48.8 with x and dy read again for dx (`reload`; 8.2 holding them: x, dy
+# and the weight and bias gradients' accumulators at 16 registers each spill out of the 64 a
+# thread has on 32 warps); RMSNorm fp32 54.8 -> 75.8 and add+RMSNorm fp32 62.1 -> 90.0, as
+# RMSNorm bf16 (reload: 73.9 and 85.1). LayerNorm fp32 stays on the split kernels: 54.5 against
+# 38.4 at best fused.
 # add+RMSNorm (the kernel with HAS_DH: dh read and added to dx) takes its own, from the A/B at
 # 90e3d88 (add+RMSNorm's backward alone, before -> lean): bf16 256 96.0 -> 84.0, 512 94.8 ->
 # 95.1, 1024 81.0 -> 91.9, 2048-4096 level, 8192 95.9 -> 81.5; fp32 256-8192 81.1/74.0/78.7/
@@ -90,6 +90,7 @@ BWD_CONFIGS = {
         Bwd(256, 8192, 16, 1, lean=True),
         Bwd(2048, 4096, 4, 2, lean=True),
         Bwd(8192, 8192, 8, 1),
+        Bwd(16384, 16384, 32, 1, prefetch=False, lean=True, reload=True),
     ),
     ("layer_norm", 4): (Bwd(2048, 2048, 16, 2), Bwd(8192, 2048, 8, 1)),
     ("rms_norm", 2): (
@@ -98,7 +99,7 @@ BWD_CONFIGS = {
         Bwd(8192, 8192, 16, 1),
         _RMS_16384,
     ),
-    ("rms_norm", 4): (Bwd(1024, 8192, 16, 1, lean=True), Bwd(8192, 8192, 16, 1)),
+    ("rms_norm", 4): (Bwd(1024, 8192, 16, 1, lean=True), Bwd(8192, 8192, 16, 1), _RMS_16384),
     ("add_rms_norm", 2): (
         Bwd(512, 8192, 16, 1),
         Bwd(1024, 8192, 16, 1, lean=True),
@@ -106,11 +107,14 @@ BWD_CONFIGS = {
         Bwd(8192, 8192, 16, 1),
         _RMS_16384,
     ),
-    ("add_rms_norm", 4): (Bwd(1024, 8192, 16, 1, lean=True), Bwd(8192, 8192, 16, 1, lean=True)),
+    ("add_rms_norm", 4): (
+        Bwd(1024, 8192, 16, 1, lean=True),
+        Bwd(8192, 8192, 16, 1, lean=True),
+        _RMS_16384,
+    ),
 }
 # Backward, split kernels (rows past the fused kernel's reach, use_wide_path): 2.2-2.9x the
-# previous one-program-per-row kernels at 32768-262144 in the same sweep, and 2.1x the fused
-# kernel for LayerNorm at 16384, whose registers spill there.
+# previous one-program-per-row kernels at 32768-262144 in the same sweep.
 SUMS_CHUNK = 4096  # row sums: elements of a row per load
 SUMS_TILE = 4096  # elements per program and load: rows × chunk
 SUMS_WARPS = 4  # 4: +7% for LayerNorm over 8 in the sweep at 6b14187
@@ -216,33 +220,6 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
             eps,
             BLOCK_N=WIDE_CHUNK_FWD,
             num_warps=WIDE_WARPS,
-            **flags,
-        )
-    elif FWD_PREFETCH_FROM is not None and n >= FWD_PREFETCH_FROM:
-        block_m, block_n, _ = block_config(n)
-        n_tiles = cdiv(m, block_m)
-        programs = min(n_tiles, FWD_PREFETCH_PER_SM * _programs_per_wave(dev))
-        launch(
-            K.norm_fwd_prefetch_kernel,
-            (programs,),
-            x,
-            r,
-            weight,
-            bias,
-            y,
-            h_buf,
-            mean_buf,
-            rstd,
-            m,
-            n,
-            x.stride(0),
-            stride_r,
-            eps,
-            programs,
-            cdiv(n_tiles, programs),
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            num_warps=FWD_PREFETCH_WARPS,
             **flags,
         )
     else:
