@@ -28,33 +28,14 @@ def _xhat(x, mean, rstd, mask, IS_RMS: tl.constexpr):
 
 
 @triton.jit
-def _add_pairs(a1, b1, a2, b2):
-    return a1 + a2, b1 + b2
-
-
-@triton.jit
-def _row_means(xhat, wdy, N, IS_RMS: tl.constexpr):
-    """mean(x̂·w·dy) and (LayerNorm; RMSNorm repeats the first) mean(w·dy) of each row, in one
-    cross-thread reduction: two tl.sum calls make two shared-memory round trips, each with its
-    barriers, while the row's registers wait."""
-    if IS_RMS:
-        c1 = tl.sum(xhat * wdy, axis=1) / N
-        c2 = c1
-    else:
-        s1, s2 = tl.reduce((xhat * wdy, wdy), 1, _add_pairs)
-        c1, c2 = s1 / N, s2 / N
-    return c1, c2
-
-
-@triton.jit
 def _dx_tile(xhat, dy, w, rstd, N, IS_RMS: tl.constexpr, HAS_W: tl.constexpr):
     """dx = rstd·(w·dy − x̂·mean(x̂·w·dy) − mean(w·dy)) for a tile of whole rows. w may be in its
     storage dtype: it is widened here, at its use."""
     wdy = dy * w.to(tl.float32)[None, :] if HAS_W else dy
-    c1, c2 = _row_means(xhat, wdy, N, IS_RMS)
+    c1 = tl.sum(xhat * wdy, axis=1) / N
     dx = wdy - xhat * c1[:, None]
     if not IS_RMS:
-        dx -= c2[:, None]
+        dx -= (tl.sum(wdy, axis=1) / N)[:, None]
     return dx * rstd[:, None]
 
 
@@ -69,7 +50,9 @@ def _dx_reloaded(
     LayerNorm at 16384 elements a row: 16 elements a thread on 32 warps, x, dy and the two
     accumulators at 16 registers each against the 64 a thread has there."""
     wdy = dy * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :] if HAS_W else dy
-    c1, c2 = _row_means(xhat, wdy, N, IS_RMS)
+    c1 = tl.sum(xhat * wdy, axis=1) / N
+    if not IS_RMS:
+        c2 = tl.sum(wdy, axis=1) / N
     rows64 = rows.to(tl.int64)[:, None]
     # evict_first: another eviction policy than the first read's, so the compiler cannot merge
     # the two reads into one held value, which is the point; and the tile is not read again
