@@ -158,6 +158,7 @@ def main() -> int:
     p.add_argument("--parts", default="fwd,bwd")
     p.add_argument("--dtypes", default="bf16")
     p.add_argument("--elements", type=int, default=1 << 26)
+    p.add_argument("--widths", help="widths to sweep, comma-separated (default: the part's)")
     p.add_argument("--csv", default=None)
     args = p.parse_args()
     ceiling = hardware.measure_bandwidth(torch.device("cuda"))
@@ -165,16 +166,17 @@ def main() -> int:
     inputs = Inputs(args.elements)
     for part, op in itertools.product(args.parts.split(","), args.ops.split(",")):
         mode = "fwd" if part.startswith("fwd") else "bwd"
+        widths = [int(w) for w in args.widths.split(",")] if args.widths else WIDTHS[part]
         dtypes = args.dtypes.split(",")
         for dname, (label, values) in itertools.product(dtypes, list(settings(part, op))):
             if label == next(settings(part, op))[0]:
-                print(f"# {part} {op} {mode} {dname}, widths {WIDTHS[part]}", flush=True)
+                print(f"# {part} {op} {mode} {dname}, widths {widths}", flush=True)
             saved = {k: getattr(L, k) for k in values}
             cells, rows = [], []
             try:
                 for k, v in values.items():
                     setattr(L, k, v)
-                for n in WIDTHS[part]:
+                for n in widths:
                     try:
                         ms, nbytes = measure(inputs, op, mode, n, DTYPES[dname])
                     except Exception as e:  # a setting that does not compile or fit: say so

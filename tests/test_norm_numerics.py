@@ -61,9 +61,9 @@ def test_block_path(op, shape_id, dname, device):
 @pytest.mark.parametrize("op", OPS)
 def test_wide_path(op, dname, device, monkeypatch):
     """Rows wider than one block: the chunked forward and the split backward, reached at small
-    sizes by lowering the limits (the same code runs for rows past 32768 / 8192 elements, 16384
-    for RMSNorm's backward in bf16/fp16): row sums in steps of two chunks (the last step ragged),
-    ragged column blocks."""
+    sizes by lowering the limits (the same code runs for rows past 32768 elements forward, and
+    past 16384 backward, 8192 for LayerNorm in fp32): row sums in steps of two chunks (the last
+    step ragged), ragged column blocks."""
     for name, value in [
         ("MAX_BLOCK_N", 256),
         ("MAX_BLOCK_N_FWD", 256),
@@ -257,6 +257,54 @@ def test_fused_backward_variants_without_weight(
     base = torch.autograd.grad(ref(*dex), dex[: len(leaves)], grads)
     for g, w64, e in zip(got, want, base):
         assert rel_err(g, w64) <= rel_err(e, w64) + SLACK[dtype]
+
+
+def _rows_of(t, layout):
+    """t's values with rows strided past their width (padding NaN: a read of it shows), or all
+    rows one row broadcast (row stride 0: the values become t[0]'s, rows alike)."""
+    if layout == "padded":
+        wide = torch.full(
+            (t.shape[0], t.shape[1] + 7), float("nan"), dtype=t.dtype, device=t.device
+        )
+        wide[:, 3 : t.shape[1] + 3] = t
+        return wide[:, 3 : t.shape[1] + 3]
+    return t[:1].expand(t.shape)
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("x_rows, dy_rows", [("padded", "broadcast"), ("broadcast", "padded")])
+@pytest.mark.parametrize("op", OPS)
+def test_reloaded_backward_reads_through_row_strides(
+    op, x_rows, dy_rows, prefetch, device, monkeypatch
+):
+    """x and dy read again for dx (Bwd.reload) through their own row strides, padded or 0,
+    against the float64 analytic backward (the reload with x's stride for dy's, or the row's
+    width for x's stride, passed every other test)."""
+    setting = norm_launch.Bwd(1 << 20, 256, 4, 1, prefetch, True, True)
+    monkeypatch.setattr(
+        norm_launch, "BWD_CONFIGS", dict.fromkeys(norm_launch.BWD_CONFIGS, (setting,))
+    )
+    from fusewise.ops.norms import reference as R
+
+    is_rms, m, n = op != "layer_norm", 37, 100
+    x = _rows_of(torch.randn(m, n, device=device) * 2 + 0.5, x_rows)
+    dy = _rows_of(torch.randn(m, n, device=device), dy_rows)
+    dh = _rows_of(torch.randn(m, n, device=device), "padded") if op == "add_rms_norm" else None
+    w = 1 + 0.3 * torch.randn(n, device=device)
+    b = 0.2 * torch.randn(n, device=device) if op == "layer_norm" else None
+    xd = x.double()
+    mean = None if is_rms else xd.mean(-1)
+    centred = xd if is_rms else xd - mean[:, None]
+    rstd = torch.rsqrt((centred * centred).mean(-1) + 1e-5)
+    got = norm_launch.norm_backward(
+        dy, dh, x, w, b, None if is_rms else mean.float(), rstd.float(), is_rms
+    )
+    f64 = [None if t is None else t.double() for t in (dy, dh, w, b)]
+    want = R.norm_backward(f64[0], f64[1], xd, f64[2], f64[3], mean, rstd, is_rms)
+    for g, r in zip(got, want):
+        assert (g is None) == (r is None)
+        if g is not None:
+            assert rel_err(g, r) < 1e-5
 
 
 @pytest.mark.parametrize(

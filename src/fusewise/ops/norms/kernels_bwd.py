@@ -5,11 +5,13 @@ atomics): per-program fp32 partial rows, then sum_partials_kernel.
 
 Two shapes of work:
   * fused (norm_bwd_block_kernel): persistent programs hold whole rows and the partial weight
-    gradients in registers, so x and dy are read once and dx written once.
+    gradients in registers, so x and dy are read once from memory and dx written once (RELOAD
+    reads a tile's x and dy a second time, a moment after the first, from L1 or L2).
   * split (norm_bwd_row_sums_kernel, then norm_bwd_tiles_kernel): for rows too wide for the
     registers to hold a row's tiles and its weight-gradient accumulators together. The first
     kernel reads x and dy for the two row sums; the second walks [rows, column block] tiles,
-    writing dx and accumulating the weight gradients of its columns. x and dy are read twice.
+    writing dx and accumulating the weight gradients of its columns. x and dy are read twice
+    from memory.
 Row offsets are int64 so tensors past 2**31 elements index correctly.
 """
 
@@ -158,11 +160,13 @@ def norm_bwd_block_kernel(
 ):
     """Persistent: program p takes row tiles p, p+P, ...; writes dx, and its fp32 partial sums
     of dy·x̂ and dy into row p of DW_part / DB_part (summed afterwards: deterministic, no atomics).
-    Reads x and dy once, writes dx once. PREFETCH: the next tile's loads are issued before this
-    tile is computed; without it a tile's loads (the weight's too, from L1) are issued at its
-    turn, which leaves registers free for rows too wide to hold two tiles. LEAN: the
-    weight-gradient sums before dx and the weight in its storage dtype, fewer registers live
-    across the row sums (each faster at some widths and slower at others: launch.BWD_CONFIGS)."""
+    Reads x and dy once from memory, writes dx once. PREFETCH: the next tile's loads are issued
+    before this tile is computed; without it a tile's loads (the weight's too, from L1) are
+    issued at its turn, which leaves registers free for rows too wide to hold two tiles. LEAN:
+    the weight-gradient sums before dx and the weight in its storage dtype, fewer registers live
+    across the row sums (each faster at some widths and slower at others: launch.BWD_CONFIGS).
+    RELOAD: the weight-gradient sums first too, and x and dy read again for dx after the row
+    sums instead of held across them (_dx_reloaded)."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -192,7 +196,7 @@ def norm_bwd_block_kernel(
                 X, DY, Mean, Rstd, tile, M, stride_x, stride_dy, cols, col_ok, IS_RMS, BLOCK_M
             )
         x, dy = x_raw.to(tl.float32), dy_raw.to(tl.float32)
-        if HAS_W and not PREFETCH:  # from L1, not held across the loop: 74.2% -> 90.4% (16384)
+        if HAS_W and not (PREFETCH or RELOAD):  # from L1, not held: 74.2% -> 90.4% (16384)
             w = tl.load(W + cols, mask=col_ok, other=0.0)
             if not LEAN:
                 w = w.to(tl.float32)
@@ -201,7 +205,8 @@ def norm_bwd_block_kernel(
         xhat = _xhat(x, mean, rstd, mask, IS_RMS)
         # LEAN: the weight-gradient sums first, so dy is dead across the row sums dx needs (SASS
         # sm_90, RMSNorm at 16384 on 32 warps, no prefetch: 33 spilled registers -> 12, and 0
-        # with the weight loaded at each tile).
+        # with the weight loaded at each tile). RELOAD: first too (_dx_reloaded loads the
+        # weight itself).
         if LEAN or RELOAD:
             dw_acc, db_acc = _accumulate(dw_acc, db_acc, dy, xhat, HAS_W, HAS_B)
         if RELOAD:

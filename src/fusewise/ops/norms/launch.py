@@ -75,7 +75,7 @@ class Bwd(NamedTuple):
 # alternated rounds, results/h200_sweep_norms_16k_cb17ec1.txt, split kernels -> fused):
 # LayerNorm bf16 43.1 -> 48.8 with x and dy read again for dx (`reload`; 8.2 holding them: x, dy
 # and the weight and bias gradients' accumulators at 16 registers each spill out of the 64 a
-# thread has on 32 warps); RMSNorm fp32 54.8 -> 75.8 and add+RMSNorm fp32 62.1 -> 90.0, as
+# thread has on 32 warps); RMSNorm fp32 55.0 -> 75.8 and add+RMSNorm fp32 62.1 -> 90.0, as
 # RMSNorm bf16 (reload: 73.9 and 85.1). LayerNorm fp32 stays on the split kernels: 54.5 against
 # 38.4 at best fused.
 # add+RMSNorm (the kernel with HAS_DH: dh read and added to dx) takes its own, from the A/B at
