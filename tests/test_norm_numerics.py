@@ -147,11 +147,36 @@ def test_backward_paths_by_width():
         assert not L.use_wide_path(16384, True, op, size)
         assert L.use_wide_path(16385, True, op, size)
         assert L.bwd_config(16384, op, size) == (1, 16384, Bwd(16384, 16384, 32, 1, False, True))
-    assert not L.use_wide_path(16384, True, "layer_norm", 2)
+    # ... from 12289 on: narrower rows on that block lost to the split kernels
+    setting = Bwd(16384, 16384, 32, 1, prefetch=False, lean=True, reload=True, fused_from=12289)
+    assert L.bwd_config(12289, "layer_norm") == (1, 16384, setting)
+    for n, split in [(8192, False), (8193, True), (12288, True), (12289, False), (16384, False)]:
+        assert L.use_wide_path(n, True, "layer_norm", 2) == split, n
     assert L.use_wide_path(16385, True, "layer_norm", 2)
-    setting = Bwd(16384, 16384, 32, 1, prefetch=False, lean=True, reload=True)
-    assert L.bwd_config(9000, "layer_norm") == (1, 16384, setting)
     assert L.bwd_config(8192, "layer_norm")[2] == Bwd(8192, 8192, 8, 1)
+
+
+@pytest.mark.parametrize("n, split", [(60, True), (100, False)])
+def test_rows_below_a_settings_fused_from_take_the_split_kernels(n, split, device, monkeypatch):
+    """norm_backward sends rows narrower than their setting's fused_from to the split kernels,
+    and wider ones to the fused kernel; both against float64."""
+    setting = norm_launch.Bwd(128, 256, 4, 1, fused_from=97)
+    configs = dict.fromkeys(norm_launch.BWD_CONFIGS, (setting,))
+    monkeypatch.setattr(norm_launch, "BWD_CONFIGS", configs)
+    taken = []
+    split_kernels = norm_launch._backward_split
+    monkeypatch.setattr(
+        norm_launch,
+        "_backward_split",
+        lambda *a: taken.append("split") or split_kernels(*a),
+    )
+    assert norm_launch.use_wide_path(n, True, "layer_norm", 4) == split
+    check(
+        "layer_norm",
+        make_inputs("layer_norm", (23, n), torch.float32, device),
+        SLACK[torch.float32],
+    )
+    assert taken == (["split"] if split else [])
 
 
 @pytest.mark.parametrize("dname", ["fp32", "bf16"])

@@ -52,6 +52,8 @@ class Bwd(NamedTuple):
     # dtype: fewer registers live across the row sums (kernels_bwd.norm_bwd_block_kernel)
     reload: bool = False  # x and dy read again (from L1/L2) for dx after the row sums, not held
     # across them; the weight-gradient sums first, as lean (kernels_bwd._dx_reloaded)
+    fused_from: int = 0  # rows narrower than this that fall to this setting take the split
+    # kernels instead (a block of `widest` with many lanes masked off loses to them)
 
 
 # Backward, fused kernel, by (op, bytes per element), from the sweeps at 32288f2 (bf16) and
@@ -77,7 +79,10 @@ class Bwd(NamedTuple):
 # and the weight and bias gradients' accumulators at 16 registers each spill out of the 64 a
 # thread has on 32 warps); RMSNorm fp32 55.0 -> 75.8 and add+RMSNorm fp32 62.1 -> 90.0, as
 # RMSNorm bf16 (reload: 73.9 and 85.1). LayerNorm fp32 stays on the split kernels: 54.5 against
-# 38.4 at best fused.
+# 38.4 at best fused. Narrower rows on the same block (results/h200_sweep_norms_widths_d9dcb17,
+# split -> fused at 8448/10240/12288/14336): LayerNorm bf16 with reload 38.5/40.7/41.9/42.9 ->
+# 34.0/37.9/41.7/46.3, so it is fused from 12289 on (`fused_from`); RMSNorm and add+RMSNorm win
+# at every width in both dtypes (bf16 48.8-53.2 -> 64.5-79.6, fp32 53.8-61.8 -> 71.4-89.7).
 # add+RMSNorm (the kernel with HAS_DH: dh read and added to dx) takes its own, from the A/B at
 # 90e3d88 (add+RMSNorm's backward alone, before -> lean): bf16 256 96.0 -> 84.0, 512 94.8 ->
 # 95.1, 1024 81.0 -> 91.9, 2048-4096 level, 8192 95.9 -> 81.5; fp32 256-8192 81.1/74.0/78.7/
@@ -90,7 +95,7 @@ BWD_CONFIGS = {
         Bwd(256, 8192, 16, 1, lean=True),
         Bwd(2048, 4096, 4, 2, lean=True),
         Bwd(8192, 8192, 8, 1),
-        Bwd(16384, 16384, 32, 1, prefetch=False, lean=True, reload=True),
+        Bwd(16384, 16384, 32, 1, prefetch=False, lean=True, reload=True, fused_from=12289),
     ),
     ("layer_norm", 4): (Bwd(2048, 2048, 16, 2), Bwd(8192, 2048, 8, 1)),
     ("rms_norm", 2): (
@@ -166,10 +171,19 @@ def use_wide_path(
     n: int, backward: bool = False, op: str = "layer_norm", element_size: int = 2
 ) -> bool:
     """Forward: the chunked kernel. Backward: the split kernels, past the widest fused block
-    for `op` (a key of BWD_CONFIGS) and element size."""
+    for `op` (a key of BWD_CONFIGS) and element size, or below the `fused_from` of the setting
+    the row falls to."""
     if not backward:
         return n > MAX_BLOCK_N_FWD
-    return n > min(MAX_BLOCK_N, BWD_CONFIGS[op, element_size][-1].widest)
+    return _fused_setting(n, op, element_size) is None
+
+
+def _fused_setting(n: int, op: str, element_size: int) -> tuple[int, int, Bwd] | None:
+    """bwd_config(n, op, element_size), or None where the split kernels take the rows."""
+    if n > min(MAX_BLOCK_N, BWD_CONFIGS[op, element_size][-1].widest):
+        return None
+    config = bwd_config(n, op, element_size)
+    return None if n < config[2].fused_from else config
 
 
 def _partials(rows: int, n: int, has_w: bool, has_b: bool, dev):
@@ -262,11 +276,11 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     dh_arg = dh if dh is not None else dy
     if mean is None:  # RMS: the kernels never read it; any fp32 buffer holds the place
         mean = rstd
-    size, op = x.element_size(), op_name(is_rms, dh is not None)
-    if use_wide_path(n, backward=True, op=op, element_size=size):
+    fused = _fused_setting(n, op_name(is_rms, dh is not None), x.element_size())
+    if fused is None:
         dw_part, db_part = _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms, dx)
     else:
-        block_m, block_n, setting = bwd_config(n, op, size)
+        block_m, block_n, setting = fused
         n_tiles = cdiv(m, block_m)
         programs = min(n_tiles, setting.per_sm * _programs_per_wave(dev))
         dw_part, db_part = _partials(programs, n, has_w, has_b, dev)
