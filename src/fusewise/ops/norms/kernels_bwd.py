@@ -164,7 +164,7 @@ def norm_bwd_block_kernel(
     before this tile is computed; without it a tile's loads (the weight's too, from L1) are
     issued at its turn, which leaves registers free for rows too wide to hold two tiles. LEAN:
     the weight-gradient sums before dx and the weight in its storage dtype, fewer registers live
-    across the row sums (each faster at some widths and slower at others: launch.BWD_CONFIGS).
+    across the row sums (each faster at some widths and slower at others: settings.BWD_CONFIGS).
     RELOAD: the weight-gradient sums first too, and x and dy read again for dx after the row
     sums instead of held across them (_dx_reloaded)."""
     pid = tl.program_id(0)

@@ -9,13 +9,14 @@ so they run inside CUDA-graph capture.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from .._launch import cdiv, launch, next_power_of_2, sm_count
 from . import kernels as K
 from . import kernels_bwd as KB
+
+# the launchers read launch.BWD_CONFIGS: tests and sweeps replace it here
+from .settings import BWD_CONFIGS, Bwd
 
 # Widest row the forward keeps in registers; wider rows take the chunked wide path. The backward
 # keeps rows up to the widest block of BWD_CONFIGS in registers with the weight-gradient
@@ -37,87 +38,7 @@ WIDE_CHUNK_FWD = 32768
 TILE_ELEMENTS_FWD = 2048
 FWD_ELEMENTS_PER_THREAD = 32
 MAX_WARPS_FWD = 16
-
-
-class Bwd(NamedTuple):
-    """A fused-backward setting, for rows up to `widest` elements (a power of two)."""
-
-    widest: int
-    tile: int  # elements per tile: rows of a tile = tile // the row's block
-    warps: int
-    per_sm: int  # programs per multiprocessor
-    prefetch: bool = True  # the next tile's loads in flight during this one; without it the
-    # weight is also loaded at each tile (from L1), not held: rows too wide to hold two tiles
-    lean: bool = False  # the weight-gradient sums before dx, the weight held in its storage
-    # dtype: fewer registers live across the row sums (kernels_bwd.norm_bwd_block_kernel)
-    reload: bool = False  # x and dy read again (from L1/L2) for dx after the row sums, not held
-    # across them; the weight-gradient sums first, as lean (kernels_bwd._dx_reloaded)
-    fused_from: int = 0  # rows narrower than this that fall to this setting take the split
-    # kernels instead (a block of `widest` with many lanes masked off loses to them)
-
-
-# Backward, fused kernel, by (op, bytes per element), from the sweeps at 32288f2 (bf16) and
-# 6b14187 (LayerNorm in fp32) on an H200 (2**26 elements, kernels only,
-# results/h200_sweep_norms_*.txt), widths 256-8192. LayerNorm holds two more tiles (mean, the
-# bias gradient) than RMSNorm and prefers smaller tiles at 512-2048 in bf16, and in fp32 (where
-# the bf16 setting made 57% at 256, 90%). RMSNorm bf16 at 2048: with the kernels' bf16 rounding
-# done by the GPU's cast (292b72c) the 8192-element tiles fell from 89% to 70-75% there, alone of
-# all widths (the A/B at ad6e6a1 and the sweep at 7174099); 4096-element tiles on 8 warps, 2 per
-# multiprocessor, made 84.8%.
-# `lean` from the A/B at c823e60 (2**27 elements, two alternated rounds, backward alone, % of the
-# copy ceiling, before -> lean): LayerNorm bf16 256-1024 88.1/86.0/77.8 -> 90.5/86.9/80.5 but
-# 4096 85.1 -> 74.7; RMSNorm fp32 256-1024 90.3/84.4/93.9 -> 97.0/98.0/98.5 but 4096 101.3 ->
-# 98.6; RMSNorm bf16 256 94.0 -> 89.1, 4096 93.1 -> 93.7; LayerNorm fp32 level (within 0.7).
-# RMSNorm bf16 at 4096-8192 is not lean: add+RMSNorm's forward+backward at 8192 measured 77.2%
-# lean (fee147f) against 85.2% (7eca3e9) before; RMSNorm's +0.6 at 4096 does not pay for it.
-# RMSNorm bf16 at 16384, one row a tile on 32 warps, loads at each tile's turn, lean: 90.4%
-# against 56.8% for the split kernels in the same sweep (74.2% with the weight held in registers,
-# 54.7% with prefetch: SASS sm_90 shows 0 / 12 / 31 spilled registers).
-# Rows of 16384 elsewhere, from the sweep at cb17ec1 (2**26 elements, backward alone, two
-# alternated rounds, results/h200_sweep_norms_16k_cb17ec1.txt, split kernels -> fused):
-# LayerNorm bf16 43.1 -> 48.8 with x and dy read again for dx (`reload`; 8.2 holding them: x, dy
-# and the weight and bias gradients' accumulators at 16 registers each spill out of the 64 a
-# thread has on 32 warps); RMSNorm fp32 55.0 -> 75.8 and add+RMSNorm fp32 62.1 -> 90.0, as
-# RMSNorm bf16 (reload: 73.9 and 85.1). LayerNorm fp32 stays on the split kernels: 54.5 against
-# 38.4 at best fused. Narrower rows on the same block (results/h200_sweep_norms_widths_d9dcb17,
-# split -> fused at 8448/10240/12288/14336): LayerNorm bf16 with reload 38.5/40.7/41.9/42.9 ->
-# 34.0/37.9/41.7/46.3, so it is fused from 12289 on (`fused_from`); RMSNorm and add+RMSNorm win
-# at every width in both dtypes (bf16 48.8-53.2 -> 64.5-79.6, fp32 53.8-61.8 -> 71.4-89.7).
-# add+RMSNorm (the kernel with HAS_DH: dh read and added to dx) takes its own, from the A/B at
-# 90e3d88 (add+RMSNorm's backward alone, before -> lean): bf16 256 96.0 -> 84.0, 512 94.8 ->
-# 95.1, 1024 81.0 -> 91.9, 2048-4096 level, 8192 95.9 -> 81.5; fp32 256-8192 81.1/74.0/78.7/
-# 93.4/95.3/81.8 -> 98.7/87.4/98.0/99.8/98.8/91.7.
-# The last entry's widest block is the fused kernel's reach (capped by MAX_BLOCK_N); wider rows
-# take the split kernels. Keys: (op, bytes per element), fp16 taking bf16's.
-_RMS_16384 = Bwd(16384, 16384, 32, 1, prefetch=False, lean=True)
-BWD_CONFIGS = {
-    ("layer_norm", 2): (
-        Bwd(256, 8192, 16, 1, lean=True),
-        Bwd(2048, 4096, 4, 2, lean=True),
-        Bwd(8192, 8192, 8, 1),
-        Bwd(16384, 16384, 32, 1, prefetch=False, lean=True, reload=True, fused_from=12289),
-    ),
-    ("layer_norm", 4): (Bwd(2048, 2048, 16, 2), Bwd(8192, 2048, 8, 1)),
-    ("rms_norm", 2): (
-        Bwd(1024, 8192, 16, 1),
-        Bwd(2048, 4096, 8, 2),
-        Bwd(8192, 8192, 16, 1),
-        _RMS_16384,
-    ),
-    ("rms_norm", 4): (Bwd(1024, 8192, 16, 1, lean=True), Bwd(8192, 8192, 16, 1), _RMS_16384),
-    ("add_rms_norm", 2): (
-        Bwd(512, 8192, 16, 1),
-        Bwd(1024, 8192, 16, 1, lean=True),
-        Bwd(2048, 4096, 8, 2),
-        Bwd(8192, 8192, 16, 1),
-        _RMS_16384,
-    ),
-    ("add_rms_norm", 4): (
-        Bwd(1024, 8192, 16, 1, lean=True),
-        Bwd(8192, 8192, 16, 1, lean=True),
-        _RMS_16384,
-    ),
-}
+# Backward, fused kernel: settings.BWD_CONFIGS.
 # Backward, split kernels (rows past the fused kernel's reach, use_wide_path): 2.2-2.9x the
 # previous one-program-per-row kernels at 32768-262144 in the same sweep.
 SUMS_CHUNK = 4096  # row sums: elements of a row per load
