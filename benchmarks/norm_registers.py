@@ -52,11 +52,14 @@ def _counts(compiled) -> dict:
         ptx, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
         with open(ptx, "w") as f:
             f.write(compiled.asm["ptx"])
-        info = subprocess.run(
+        ptxas = subprocess.run(
             [os.path.join(BIN, "ptxas"), "-arch=sm_90a", "-v", ptx, "-o", cubin],
             capture_output=True,
             text=True,
-        ).stderr
+        )
+        info = ptxas.stderr
+        if ptxas.returncode != 0:
+            raise RuntimeError(f"ptxas could not compile {compiled.name}: {info.strip()[:500]}")
         sass = subprocess.run(
             [os.path.join(BIN, "cuobjdump"), "-sass", cubin], capture_output=True, text=True
         ).stdout
