@@ -130,7 +130,10 @@ def forward_error(fn, op, gate, up) -> float:
 
 
 def bench_one(fn, op, mode, m, n, dtype, device):
-    """(ms, peak extra bytes or "", forward error or "")."""
+    """(ms, peak extra bytes or "", forward error or ""). mode "fwd" / "fwd_bwd" times eager
+    calls (host time included); with "@graph" appended, the same calls captured once in a CUDA
+    graph and replayed (the kernels alone)."""
+    mode, _, timing = mode.partition("@")
     gate, up = make_inputs(m, n, dtype, device)
     err = forward_error(fn, op, gate, up) if mode == "fwd" else ""
     if mode == "fwd":
@@ -149,7 +152,11 @@ def bench_one(fn, op, mode, m, n, dtype, device):
 
     run()  # compile / autotune outside the timing
     if device.type != "cuda":
+        if timing:
+            raise RuntimeError("CUDA graphs need a GPU")
         return time_ms(run, device), "", err
+    if timing == "graph":
+        run = _rows.graph_replay(run)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -171,7 +178,11 @@ def parse_shapes(text: str) -> list[tuple[int, int, str]]:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--ops", default=",".join(OPS))
-    p.add_argument("--modes", default="fwd,fwd_bwd")
+    p.add_argument(
+        "--modes",
+        default="fwd,fwd_bwd",
+        help="fwd, fwd_bwd; @graph: replayed from a CUDA graph (kernels only, no host time)",
+    )
     p.add_argument("--shapes", default=None, help=f"MxN:dtype,... (default {SHAPES})")
     p.add_argument("--providers", default="fusewise," + ",".join(PEERS))
     p.add_argument("--csv", default=None, help="append rows to this CSV")
@@ -194,7 +205,10 @@ def main(argv=None):
         dtype = DTYPES[dname]
         for op in a.ops.split(","):
             for mode in a.modes.split(","):
-                c = cost.gated(m * n, dtype) if mode == "fwd" else cost.gated_fwd_bwd(m * n, dtype)
+                if a.tiny and mode.endswith("@graph"):
+                    continue
+                fwd_only = mode.partition("@")[0] == "fwd"
+                c = cost.gated(m * n, dtype) if fwd_only else cost.gated_fwd_bwd(m * n, dtype)
                 for prov, fns in provs.items():
                     what = f"{op} {mode} {m}x{n} {dname} {prov}"
                     try:

@@ -3,11 +3,14 @@
 # CSV, logs and the pairs' observations under $OUT.
 # Usage (in the device command): FUSEWISE_COMMIT=<sha> TESTS="tests/a.py ..." \
 #   bash benchmarks/gpu_session.sh [serial] [tests] [replay] [capture] [demo] [host] [pairs]
-#   [norms] [sweep] [ab]
+#   [norms] [sweep] [ab] [rotary] [gated] [ab_src]
 #   (.whl carried: Liger and CCE for tests; serial: SERIAL_TESTS without xdist, for tests that
 #   time a launch-bound step and fail when other processes share the GPU; norms: bench_norms
 #   against torch and Liger, kernels only, one process per op so a timeout loses one op, then the
-#   shipped settings' sweep in bf16 and fp32; sweep: the split and fused backward's settings)
+#   shipped settings' sweep in bf16 and fp32; sweep: the split and fused backward's settings;
+#   rotary: the rotary kernel's chunk sweep and bench_rotary against its peers; gated:
+#   bench_gated eager and kernels only; ab_src: the src tree in $AB_OLD (e.g. old/src, untracked)
+#   against src on bench_rotary and bench_gated, one process per variant, alternated)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -71,6 +74,26 @@ for what in "$@"; do
       (timeout 80 python $S --parts split --csv "$OUT/sweep_norms.csv"
        timeout 100 python $S --parts fused --ops layer_norm --dtypes fp32 \
          --csv "$OUT/sweep_norms.csv") 2>&1 | grep -v USDT | tee -a "$OUT/sweep_norms.txt" ;;
+    rotary)
+      timeout ${ROTARY_SWEEP_S:-150} python benchmarks/sweep_rotary_tiles.py --dtypes bf16,fp32 \
+        --csv "$OUT/rotary_chunks.csv" 2>&1 | grep -v USDT | tee "$OUT/rotary_chunks.txt" | tail -3
+      timeout ${ROTARY_S:-150} python benchmarks/bench_rotary.py --dtypes bf16,fp32 \
+        --csv "$OUT/rotary.csv" 2>&1 | grep -v USDT > "$OUT/rotary.txt"
+      sed -n '/# summary/,$p' "$OUT/rotary.txt" ;;
+    gated)
+      timeout ${GATED_S:-240} python benchmarks/bench_gated.py ${GATED_SHAPES:+--shapes $GATED_SHAPES} \
+        --modes ${GATED_MODES:-fwd,fwd_bwd,fwd@graph,fwd_bwd@graph} --csv "$OUT/gated.csv" 2>&1 \
+        | grep -v USDT > "$OUT/gated.txt"
+      sed -n '/# summary/,$p' "$OUT/gated.txt" ;;
+    ab_src)
+      C="$OUT/ab_src.csv"
+      for r in $(seq ${AB_ROUNDS:-2}); do for v in old new; do
+        P=$PWD/src; [ $v = old ] && P=$PWD/$AB_OLD
+        PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout 90 python benchmarks/with_tag.py $v \
+          benchmarks/bench_rotary.py --dtypes bf16 --providers fusewise,liger --csv $C \
+          > "$OUT/ab_rotary_${v}_$r.txt" 2>&1
+      done; done
+      python benchmarks/ab_summary.py $C --a old --b new | tee "$OUT/ab_src_summary.txt" ;;
     pairs)
       (cd benchmarks && timeout ${PAIRS_S:-300} python predict_pairs.py --configs demo \
         --rounds ${ROUNDS:-8} --dump-obs "$OUT/pairs_obs.pkl.gz" 2>&1 | grep -v USDT | tail -13)

@@ -53,9 +53,11 @@ def backward_impl(dy, gate, up, act: str, need_dgate: bool, need_dup: bool, out=
 
 def gated(gate: Tensor, up: Tensor, act: str) -> Tensor:
     """act(gate) * up on [M, N] rows with autograd, through the custom op when compiling or
-    recorded, else directly."""
+    recorded, else directly: without autograd.Function when no gradient is wanted."""
     if _dispatch.through_custom_op():
         return gated_fwd(gate, up, act)
+    if not _dispatch.wants_grad(gate, up):
+        return forward_impl(gate, up, act)
     return _GatedFunction.apply(gate, up, act)
 
 

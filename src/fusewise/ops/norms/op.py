@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.autograd import forward_ad
 
 from .. import _dispatch
 from . import launch, reference
@@ -80,21 +79,12 @@ def norm(x, residual, weight, bias, eps: float, is_rms: bool) -> tuple[Tensor, T
     if _dispatch.through_custom_op():
         y, h, _, _ = norm_fwd(x, residual, weight, bias, eps, is_rms)
         return y, h
-    if not _wants_grad(x, residual, weight, bias):
+    if not _dispatch.wants_grad(x, residual, weight, bias):
         y, h, _, _ = forward_impl(x, residual, weight, bias, eps, is_rms)
         return y, h
     if residual is None:
         return _NormFunction.apply(x, None, weight, bias, eps, is_rms), None
     return _NormFunction.apply(x, residual, weight, bias, eps, is_rms)
-
-
-def _wants_grad(*tensors: Tensor | None) -> bool:
-    """A gradient of any kind may be asked for: backward (grad mode and an input that requires
-    grad), or forward-mode AD (a dual level is open: dual tensors do not require grad, and the
-    Function is what says that the op has no jvp, rather than dropping the tangent)."""
-    if getattr(forward_ad, "_current_level", -1) >= 0:
-        return True
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 class _NormFunction(torch.autograd.Function):

@@ -16,17 +16,34 @@ takes 21 arguments.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from .._launch import launch, next_power_of_2
+from .._launch import cdiv, launch, next_power_of_2
 from . import kernels as K
 
-# Elements (both halves of the pairs) per tile and warps; a [B, S] row of q and k is walked in
-# tiles of BLOCK_H heads. From benchmarks/sweep_rotary_tiles.py on the H200 (CUDA-graph replays,
-# B 4 x S 2048 x 32/8 heads x 128, bf16): 1024 elements at 4 warps led (81% of the copy ceiling
-# forward, 84% forward+backward; 2048: 79/82; 4096 and 8192: 71/74).
-TILE_ELEMENTS = 1024
+# Elements of q and k (both halves of the pairs) per chunk of a row's heads, at most, and warps.
+# A chunk's loads are all issued before its stores (kernels.py), so this is a program's bytes in
+# flight. A Llama row (32 + 8 heads x 128 = 5,120 elements) is one chunk.
+# TODO(sweep): from benchmarks/sweep_rotary_tiles.py on the H200.
+CHUNK_ELEMENTS = 8192
 NUM_WARPS = 4
+
+
+def head_chunks(n_q: int, n_k: int, block_half: int) -> tuple[int, int, int]:
+    """(chunks, BLOCK_HQ, BLOCK_HK): the fewest chunks, halving the heads per chunk, whose q and
+    k tiles together hold at most CHUNK_ELEMENTS elements (or one head each). A tensor of 0 heads
+    (a gradient not needed) takes no room."""
+    per_head = 2 * block_half
+    split = 1
+    while True:
+        block_hq = next_power_of_2(max(1, cdiv(n_q, split)))
+        block_hk = next_power_of_2(max(1, cdiv(n_k, split)))
+        size = (block_hq * (n_q > 0) + block_hk * (n_k > 0)) * per_head
+        if size <= CHUNK_ELEMENTS or (block_hq == 1 and block_hk == 1):
+            return max(cdiv(n_q, block_hq), cdiv(n_k, block_hk)), block_hq, block_hk
+        split *= 2
 
 
 def alloc(like: torch.Tensor) -> torch.Tensor:
@@ -55,6 +72,26 @@ def _adjacent_features(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
+class _Plan(NamedTuple):
+    """What a call's shapes and strides decide, worked out on the first call with them: which
+    inputs are copied first, and the launch's grid (None: nothing to compute), integer arguments
+    and constexprs."""
+
+    copy_q: bool
+    copy_k: bool
+    copy_cos: bool
+    copy_sin: bool
+    grid: tuple | None
+    ints: tuple
+    meta: dict
+
+
+# Plans by call signature; a model has a handful (forward and backward per layer shape). Cleared
+# when it grows past _MAX_PLANS (sequence lengths that change every step).
+_plans: dict = {}
+_MAX_PLANS = 1024
+
+
 def rotary(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -66,35 +103,67 @@ def rotary(
     need_k: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(R q, R k), or with `backward` (Rᵀ q, Rᵀ k) for q, k the output gradients. A result not
-    needed comes back empty (0 elements) and is not computed."""
-    batch, n_q, seq, dim = q.shape
-    n_k = k.shape[1]
-    half = cos.shape[-1] // 2
-    q, q_out = in_and_out(q, need_q)
-    k, k_out = in_and_out(k, need_k)
-    n_q, n_k = (n_q if need_q else 0), (n_k if need_k else 0)
-    if batch * seq == 0 or n_q + n_k == 0 or dim == 0:
+    needed comes back empty (0 elements) and is not computed. The eager call's host time is the
+    kernel's at Llama's sizes, so what shapes and strides decide is looked up, not recomputed."""
+    key = (
+        q.shape,
+        q.stride(),
+        k.shape,
+        k.stride(),
+        cos.shape,
+        cos.stride(),
+        sin.stride(),
+        interleaved,
+        backward,
+        need_q,
+        need_k,
+        CHUNK_ELEMENTS,
+        NUM_WARPS,
+    )
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        plan = _plans[key] = _make_plan(q, k, cos, sin, interleaved, backward, need_q, need_k)
+    if plan.copy_q:
+        q = q.contiguous()
+    if plan.copy_k:
+        k = k.contiguous()
+    q_out = alloc(q) if need_q else torch.empty(0, dtype=q.dtype, device=q.device)
+    k_out = alloc(k) if need_k else torch.empty(0, dtype=k.dtype, device=k.device)
+    if plan.grid is None:
         return q_out, k_out
-    cos, sin = _adjacent_features(cos), _adjacent_features(sin)
-    n_tail = dim - 2 * half
-    block_half = next_power_of_2(half)
-    tile_heads = max(1, TILE_ELEMENTS // (2 * block_half))
+    if plan.copy_cos:
+        cos = cos.contiguous()
+    if plan.copy_sin:
+        sin = sin.contiguous()
     # a tensor not needed is never touched (its head count is 0): the other stands in for it
     q_in, q_o = (q, q_out) if need_q else (k, k_out)
     k_in, k_o = (k, k_out) if need_k else (q_in, q_o)
-    block_hq = min(tile_heads, next_power_of_2(max(n_q, 1)))
-    block_hk = min(tile_heads, next_power_of_2(max(n_k, 1)))
+    launch(K.rotary_kernel, plan.grid, q_in, k_in, cos, sin, q_o, k_o, *plan.ints, **plan.meta)
+    return q_out, k_out
+
+
+def _make_plan(q, k, cos, sin, interleaved, backward, need_q, need_k) -> _Plan:
+    batch, n_q, seq, dim = q.shape
+    n_k = k.shape[1]
+    half = cos.shape[-1] // 2
+    q_in, k_in = in_and_out(q, need_q)[0], in_and_out(k, need_k)[0]
+    cos_in, sin_in = _adjacent_features(cos), _adjacent_features(sin)
+    copies = (q_in is not q, k_in is not k, cos_in is not cos, sin_in is not sin)
+    n_q, n_k = (n_q if need_q else 0), (n_k if need_k else 0)
+    if batch * seq == 0 or n_q + n_k == 0 or dim == 0:
+        return _Plan(*copies, None, (), {})
+    if not need_q:  # k stands in for q (see rotary)
+        q_in = k_in
+    if not need_k:
+        k_in = q_in
+    n_tail = dim - 2 * half
+    block_half = next_power_of_2(half)
+    n_chunks, block_hq, block_hk = head_chunks(n_q, n_k, block_half)
     q_b, q_h, q_s, _ = q_in.stride()
     k_b, k_h, k_s, _ = k_in.stride()
-    launch(
-        K.rotary_kernel,
-        (batch * seq,),
-        q_in,
-        k_in,
-        cos,
-        sin,
-        q_o,
-        k_o,
+    ints = (
         seq,
         q_b,
         q_h,
@@ -102,16 +171,19 @@ def rotary(
         k_b,
         k_h,
         k_s,
-        cos.stride(0) if cos.shape[0] > 1 else 0,
-        cos.stride(1),
-        sin.stride(0) if sin.shape[0] > 1 else 0,
-        sin.stride(1),
+        cos_in.stride(0) if cos.shape[0] > 1 else 0,
+        cos_in.stride(1),
+        sin_in.stride(0) if sin.shape[0] > 1 else 0,
+        sin_in.stride(1),
+    )
+    meta = dict(
         N_Q=n_q,
         N_K=n_k,
         HALF=half,
         N_TAIL=n_tail,
         INTERLEAVED=interleaved,
         BACKWARD=backward,
+        N_CHUNKS=n_chunks,
         BLOCK_HQ=block_hq,
         BLOCK_HK=block_hk,
         BLOCK_HALF=block_half,
@@ -122,4 +194,4 @@ def rotary(
         HAS_TAIL=n_tail > 0,
         num_warps=NUM_WARPS,
     )
-    return q_out, k_out
+    return _Plan(*copies, (batch * seq,), ints, meta)

@@ -58,9 +58,12 @@ def _in_layout(out: Tensor, like: Tensor) -> Tensor:
 
 def rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool):
     """(q_out, k_out) with autograd, cos and sin [B | 1, S, Dr], through the custom op when
-    compiling or recorded, else directly."""
+    compiling or recorded, else directly: without autograd.Function when no gradient is wanted
+    (inference, a forward under no_grad)."""
     if _dispatch.through_custom_op():
         return rotary_fwd(q, k, cos, sin, interleaved)
+    if not _dispatch.wants_grad(q, k):
+        return forward_impl(q, k, cos, sin, interleaved)
     return _RotaryFunction.apply(q, k, cos, sin, interleaved)
 
 
@@ -158,7 +161,43 @@ torch.library.register_autograd(
 # --- the public function ----------------------------------------------------------------------
 
 
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def _plainly_valid(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> bool:
+    """The usual call, recognised in a few attribute reads (the eager call's host time is the
+    kernel's at Llama's sizes): plain dense tensors of a float dtype on q's device, q and k 4-D
+    of one dtype and matching B, S, D, cos and sin of one shape not requiring grad, an even Dr
+    in [2, D]. Anything else gets _check's full checks and their messages. Tensor subclasses
+    (FakeTensor under torch.compile) go the full way too."""
+    if not (type(q) is type(k) is type(cos) is type(sin) is Tensor):
+        return False
+    dtype, device, shape = q.dtype, q.device, q.shape
+    dr = cos.shape[-1]
+    return (
+        len(shape) == 4
+        and dtype in _FLOATS
+        and k.dtype is dtype
+        and cos.dtype in _FLOATS
+        and sin.dtype in _FLOATS
+        and q.layout is k.layout is cos.layout is sin.layout is torch.strided
+        and k.device == device
+        and cos.device == device
+        and sin.device == device
+        and k.dim() == 4
+        and k.shape[0] == shape[0]
+        and k.shape[2:] == shape[2:]
+        and sin.shape == cos.shape
+        and not cos.requires_grad
+        and not sin.requires_grad
+        and dr % 2 == 0
+        and 2 <= dr <= shape[3]
+    )
+
+
 def _check(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> None:
+    if _plainly_valid(q, k, cos, sin):
+        return
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         check_floating(name, t)
     for name, t in (("q", q), ("k", k)):
