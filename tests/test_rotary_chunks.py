@@ -104,3 +104,36 @@ def test_unusual_arguments_still_get_the_full_checks(device):
         apply_rotary(q, k.double(), cos, cos)
     with pytest.raises(ValueError, match="even"):
         apply_rotary(q, k, cos[:, :3], cos[:, :3])
+
+
+def _plan_of(q, k, cos):
+    return rotary_launch._make_plan(q, k, cos, cos, False, False, True, True)
+
+
+def test_offsets_within_a_row_go_int64_only_past_int32():
+    """Meta tensors: shapes and strides without the memory. HF's layout keeps a row's heads
+    adjacent (int32 offsets); a contiguous [B, H, S, D] q puts its heads S·D apart, past 2**31
+    for S of 2**24."""
+    s, d = 1 << 24, 128
+    cos = torch.empty(s, d, device="meta")[None]
+    q_hf = torch.empty(1, s, 32, d, device="meta").transpose(1, 2)
+    k = torch.empty(1, s, 8, d, device="meta").transpose(1, 2)
+    assert not _plan_of(q_hf, k, cos).meta["WIDE"]
+    q_wide = torch.empty(1, 2, s, d, device="meta")  # head 1 starts at 2**31
+    assert _plan_of(q_wide, k, cos).meta["WIDE"]
+
+
+@pytest.mark.gpu
+def test_heads_past_2_31_elements_apart():
+    """The WIDE kernel: q's second head starts past element 2**31 of its row."""
+    s, d = (1 << 24) + 4, 128
+    q = torch.randn(1, 2, s, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 1, s, d, device="cuda", dtype=torch.bfloat16)
+    angles = torch.rand(s, d, device="cuda") * 6.3
+    cos, sin = angles.cos(), angles.sin()
+    assert _plan_of(q, k, cos[None]).meta["WIDE"]
+    q_out, k_out = apply_rotary(q, k, cos, sin)
+    tail = slice(s - 4, s)
+    for out, x in ((q_out, q), (k_out, k)):
+        want = _oracle(x[:, :, tail].double(), cos[tail].double(), sin[tail].double(), False)
+        torch.testing.assert_close(out[:, :, tail].double(), want, rtol=1e-2, atol=1e-2)

@@ -14,7 +14,10 @@ The pair of feature i < h = Dr / 2 is (a, b) = (i, i + h) (rotate_half, "NeoX") 
     y[a] = x[a]·cos[a] - x[b]·sin[a]        y[b] = x[b]·cos[b] + x[a]·sin[b]
 BACKWARD applies Rᵀ to dy, which is the same formula with (sin[a], sin[b]) -> (-sin[b], -sin[a]):
     dx[a] = dy[a]·cos[a] + dy[b]·sin[b]     dx[b] = dy[b]·cos[b] - dy[a]·sin[a]
-Math in fp32 whatever the storage dtype, one rounding at the store; offsets are int64.
+Math in fp32 whatever the storage dtype, one rounding at the store. A row's start is an int64
+offset; offsets within a row (head · stride_h + feature) are int32 unless WIDE (the launcher sets
+it when they could pass 2**31): int64 offsets doubled the registers of the address arithmetic
+(64 a thread against 32, half the programs resident per multiprocessor).
 """
 
 import triton
@@ -24,12 +27,21 @@ from .._launch import round_to as _round
 
 
 @triton.jit
-def _load_pairs(X, stride_h, h0, fa, fb, pair_mask, N_HEADS, BLOCK_H: tl.constexpr, MASKED):
+def _head_offsets(h0, stride_h, BLOCK_H: tl.constexpr, WIDE: tl.constexpr):
+    """[BLOCK_H, 1] offsets of heads h0.. within a row, int64 only when WIDE."""
+    heads = h0 + tl.arange(0, BLOCK_H)
+    if WIDE:
+        return heads.to(tl.int64)[:, None] * stride_h
+    return heads[:, None] * stride_h
+
+
+@triton.jit
+def _load_pairs(X, stride_h, h0, fa, fb, pair_mask, N_HEADS, BLOCK_H: tl.constexpr, MASKED, WIDE):
     """The two halves (a, b) of the rotation pairs of heads h0..h0+BLOCK_H-1 of one (b, s) row,
     as stored (converted when used: half the registers while the loads are in flight). X points
     at the row's head 0, feature 0. Unmasked when the tiles fit the heads and pairs exactly."""
     heads = h0 + tl.arange(0, BLOCK_H)
-    rows = X + heads.to(tl.int64)[:, None] * stride_h
+    rows = X + _head_offsets(h0, stride_h, BLOCK_H, WIDE)
     if MASKED:
         mask = (heads < N_HEADS)[:, None] & pair_mask[None, :]
         xa = tl.load(rows + fa[None, :], mask=mask, other=0.0)
@@ -61,12 +73,14 @@ def _store_rotated(
     BLOCK_H: tl.constexpr,
     MASKED,
     HAS_TAIL,
+    WIDE,
 ):
     """Writes the rotated pairs (xa, xb) of _load_pairs to OUT (X's strides), and copies the
     pass-through features Dr..D-1 of those heads bit for bit (same dtype in and out)."""
     heads = h0 + tl.arange(0, BLOCK_H)
-    x_row = X + heads.to(tl.int64)[:, None] * stride_h
-    o_row = OUT + heads.to(tl.int64)[:, None] * stride_h
+    offsets = _head_offsets(h0, stride_h, BLOCK_H, WIDE)
+    x_row = X + offsets
+    o_row = OUT + offsets
     xa = xa.to(tl.float32)
     xb = xb.to(tl.float32)
     ya = _round(xa * ca[None, :] - xb * sa[None, :], OUT.dtype.element_ty)
@@ -117,6 +131,7 @@ def rotary_kernel(
     MASK_Q: tl.constexpr,
     MASK_K: tl.constexpr,
     HAS_TAIL: tl.constexpr,
+    WIDE: tl.constexpr,
 ):
     """(q, k) -> (R q, R k), or with BACKWARD (dq_out, dk_out) -> (Rᵀ dq_out, Rᵀ dk_out): reads
     q, k and one cos and sin row per program once, writes both outputs once. N_Q or N_K 0: that
@@ -134,7 +149,8 @@ def rotary_kernel(
     s = row - b * S
     i = tl.arange(0, BLOCK_HALF)
     pair_mask = i < HALF
-    i = i.to(tl.int64)
+    if WIDE:
+        i = i.to(tl.int64)
     if INTERLEAVED:
         fa = 2 * i
         fb = fa + 1
@@ -153,7 +169,7 @@ def rotary_kernel(
         sb = -sin_a
     j = tl.arange(0, BLOCK_TAIL)
     tail_mask = j < N_TAIL
-    ft = 2 * HALF + j.to(tl.int64)
+    ft = 2 * HALF + j
     q_in = Q + b * stride_qb + s * stride_qs
     q_out = QO + b * stride_qb + s * stride_qs
     k_in = K + b * stride_kb + s * stride_ks
@@ -162,11 +178,11 @@ def rotary_kernel(
         # a chunk past one tensor's heads (fewer kv heads than chunks' worth) skips it
         if c * BLOCK_HQ < N_Q:
             qa, qb = _load_pairs(
-                q_in, stride_qh, c * BLOCK_HQ, fa, fb, pair_mask, N_Q, BLOCK_HQ, MASK_Q
+                q_in, stride_qh, c * BLOCK_HQ, fa, fb, pair_mask, N_Q, BLOCK_HQ, MASK_Q, WIDE
             )
         if c * BLOCK_HK < N_K:
             ka, kb = _load_pairs(
-                k_in, stride_kh, c * BLOCK_HK, fa, fb, pair_mask, N_K, BLOCK_HK, MASK_K
+                k_in, stride_kh, c * BLOCK_HK, fa, fb, pair_mask, N_K, BLOCK_HK, MASK_K, WIDE
             )
         if c * BLOCK_HQ < N_Q:
             _store_rotated(
@@ -189,6 +205,7 @@ def rotary_kernel(
                 BLOCK_HQ,
                 MASK_Q,
                 HAS_TAIL,
+                WIDE,
             )
         if c * BLOCK_HK < N_K:
             _store_rotated(
@@ -211,4 +228,5 @@ def rotary_kernel(
                 BLOCK_HK,
                 MASK_K,
                 HAS_TAIL,
+                WIDE,
             )

@@ -163,6 +163,10 @@ def _make_plan(q, k, cos, sin, interleaved, backward, need_q, need_k) -> _Plan:
     n_chunks, block_hq, block_hk = head_chunks(n_q, n_k, block_half)
     q_b, q_h, q_s, _ = q_in.stride()
     k_b, k_h, k_s, _ = k_in.stride()
+    # the largest offset within a (b, s) row: past int32, the kernel computes them in int64
+    reach = (
+        max((n_q - 1) * q_h if n_q else 0, (n_k - 1) * k_h if n_k else 0, cos_in.shape[-1]) + dim
+    )
     ints = (
         seq,
         q_b,
@@ -192,6 +196,7 @@ def _make_plan(q, k, cos, sin, interleaved, backward, need_q, need_k) -> _Plan:
         MASK_Q=n_q % block_hq != 0 or block_half != half,
         MASK_K=n_k % block_hk != 0 or block_half != half,
         HAS_TAIL=n_tail > 0,
+        WIDE=reach >= 2**31,
         num_warps=NUM_WARPS,
     )
     return _Plan(*copies, (batch * seq,), ints, meta)
