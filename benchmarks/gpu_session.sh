@@ -3,12 +3,13 @@
 # CSV, logs and the pairs' observations under $OUT.
 # Usage (in the device command): FUSEWISE_COMMIT=<sha> TESTS="tests/a.py ..." \
 #   bash benchmarks/gpu_session.sh [serial] [tests] [replay] [capture] [demo] [host] [pairs]
-#   [norms] [sweep] [ab] [rotary] [gated] [ab_src]
+#   [norms] [sweep] [ab] [rotary_sweep] [rotary] [gated] [ab_src] [e2e]
 #   (.whl carried: Liger and CCE for tests; serial: SERIAL_TESTS without xdist, for tests that
 #   time a launch-bound step and fail when other processes share the GPU; norms: bench_norms
 #   against torch and Liger, kernels only, one process per op so a timeout loses one op, then the
 #   shipped settings' sweep in bf16 and fp32; sweep: the split and fused backward's settings;
-#   rotary: the rotary kernel's chunk sweep and bench_rotary against its peers; gated:
+#   rotary_sweep: the rotary kernel's chunks and warps; rotary: bench_rotary against its peers;
+#   e2e: bench_e2e's Llama step, eager, compile, Liger, fusewise, one process each; gated:
 #   bench_gated eager and kernels only; ab_src: the src tree in $AB_OLD (e.g. old/src, untracked)
 #   against src on bench_rotary and bench_gated, one process per variant, alternated)
 set -u
@@ -74,9 +75,10 @@ for what in "$@"; do
       (timeout 80 python $S --parts split --csv "$OUT/sweep_norms.csv"
        timeout 100 python $S --parts fused --ops layer_norm --dtypes fp32 \
          --csv "$OUT/sweep_norms.csv") 2>&1 | grep -v USDT | tee -a "$OUT/sweep_norms.txt" ;;
-    rotary)
+    rotary_sweep)
       timeout ${ROTARY_SWEEP_S:-150} python benchmarks/sweep_rotary_tiles.py --dtypes bf16,fp32 \
-        --csv "$OUT/rotary_chunks.csv" 2>&1 | grep -v USDT | tee "$OUT/rotary_chunks.txt" | tail -3
+        --csv "$OUT/rotary_chunks.csv" 2>&1 | grep -v USDT ;;
+    rotary)
       timeout ${ROTARY_S:-150} python benchmarks/bench_rotary.py --dtypes bf16,fp32 \
         --csv "$OUT/rotary.csv" 2>&1 | grep -v USDT > "$OUT/rotary.txt"
       sed -n '/# summary/,$p' "$OUT/rotary.txt" ;;
@@ -91,9 +93,15 @@ for what in "$@"; do
         P=$PWD/src; [ $v = old ] && P=$PWD/$AB_OLD
         PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout 90 python benchmarks/with_tag.py $v \
           benchmarks/bench_rotary.py --dtypes bf16 --providers fusewise,liger --csv $C \
-          > "$OUT/ab_rotary_${v}_$r.txt" 2>&1
+          > "/tmp/ab_rotary_${v}_$r.txt" 2>&1
       done; done
       python benchmarks/ab_summary.py $C --a old --b new | tee "$OUT/ab_src_summary.txt" ;;
+    e2e)
+      E=${E2E_S:-130}
+      timeout $E python benchmarks/bench_e2e.py --variants eager,compile,liger,fusewise \
+        --steps 12 --warmup 3 --compile-warmup 5 --timeout 60 --budget $((E - 15)) \
+        --csv "$OUT/e2e.csv" > "$OUT/e2e.txt" 2>&1
+      grep -E "^variant|^(eager|compile|liger|fusewise) |largest|target|met" "$OUT/e2e.txt" ;;
     pairs)
       (cd benchmarks && timeout ${PAIRS_S:-300} python predict_pairs.py --configs demo \
         --rounds ${ROUNDS:-8} --dump-obs "$OUT/pairs_obs.pkl.gz" 2>&1 | grep -v USDT | tail -13)

@@ -13,11 +13,10 @@ variants can go to one CSV.
 
 from __future__ import annotations
 
-import runpy
 import sys
 
-import _rows
 import triton.language as tl
+from with_tag import run_tagged
 
 from fusewise.ops import _launch
 
@@ -28,14 +27,7 @@ def main() -> None:
     variant, script = sys.argv[1], sys.argv[2]
     # round_to reads this global when a kernel is compiled: set it before the first launch.
     _launch.INTERPRETED = tl.constexpr(variant == "bits")
-    row = _rows.row
-
-    def tagged_row(op, provider, *args, **kwargs):
-        return row(op, f"{provider}[{variant}]", *args, **kwargs)
-
-    _rows.row = tagged_row
-    sys.argv = [script, *sys.argv[3:]]
-    runpy.run_path(script, run_name="__main__")
+    run_tagged(variant, script, sys.argv[3:])
 
 
 if __name__ == "__main__":

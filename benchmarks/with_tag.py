@@ -15,18 +15,22 @@ import sys
 import _rows
 
 
+def run_tagged(tag: str, script: str, args: list[str]) -> None:
+    """Runs script as __main__ with args, every row it makes tagged."""
+    row = _rows.row
+
+    def tagged_row(op, provider, *a, **kw):
+        return row(op, f"{provider}[{tag}]", *a, **kw)
+
+    _rows.row = tagged_row
+    sys.argv = [script, *args]
+    runpy.run_path(script, run_name="__main__")
+
+
 def main() -> None:
     if len(sys.argv) < 3 or not re.fullmatch(r"\w+", sys.argv[1]):
         sys.exit(__doc__)
-    tag, script = sys.argv[1], sys.argv[2]
-    row = _rows.row
-
-    def tagged_row(op, provider, *args, **kwargs):
-        return row(op, f"{provider}[{tag}]", *args, **kwargs)
-
-    _rows.row = tagged_row
-    sys.argv = [script, *sys.argv[3:]]
-    runpy.run_path(script, run_name="__main__")
+    run_tagged(sys.argv[1], sys.argv[2], sys.argv[3:])
 
 
 if __name__ == "__main__":
