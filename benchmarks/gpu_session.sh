@@ -11,7 +11,8 @@
 #   rotary_sweep: the rotary kernel's chunks and warps; rotary: bench_rotary against its peers;
 #   e2e: bench_e2e's Llama step, eager, compile, Liger, fusewise, one process each; gated:
 #   bench_gated eager and kernels only; ab_src: the src tree in $AB_OLD (e.g. old/src, untracked)
-#   against src on bench_rotary and bench_gated, one process per variant, alternated)
+#   against src on bench_rotary and bench_gated (kernels only), one process per variant,
+#   alternated; Liger's rows, which neither tree touches, are the control)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -94,6 +95,10 @@ for what in "$@"; do
         PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout 90 python benchmarks/with_tag.py $v \
           benchmarks/bench_rotary.py --dtypes bf16 --providers fusewise,liger --csv $C \
           > "/tmp/ab_rotary_${v}_$r.txt" 2>&1
+        PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout 90 python benchmarks/with_tag.py $v \
+          benchmarks/bench_gated.py --shapes 16384x5632:bf16,16384x14336:bf16 \
+          --modes fwd@graph,fwd_bwd@graph --providers fusewise,liger --csv $C \
+          > "/tmp/ab_gated_${v}_$r.txt" 2>&1
       done; done
       python benchmarks/ab_summary.py $C --a old --b new | tee "$OUT/ab_src_summary.txt" ;;
     e2e)

@@ -97,6 +97,17 @@ def test_matches_float64_fp32(act, shape, device):
 
 
 @pytest.mark.parametrize("act", ACTS)
+def test_tails_and_zero_match_float64(act, device):
+    """Gates across both tails of each activation (tanh-GELU's z = k·(g + 0.044715·g³) past
+    ±40, where exp(-2|z|) underflows and one sigmoid is 1 and the other is taken as t / (1 + t),
+    not 1 - 1) and at 0, where z changes sign, against float64."""
+    g = torch.tensor([-60.0, -12.0, -4.0, -1.5, -1e-3, 0.0, 1e-3, 1.5, 4.0, 12.0, 60.0])
+    g = torch.cat((g, torch.linspace(-6, 6, 53))).to(device).requires_grad_()
+    u = (torch.rand(g.shape, device=device) + 0.5).requires_grad_()
+    _check(act, g, u)
+
+
+@pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("layout", ["strided", "transposed", "expanded"])
 def test_any_layout(act, layout, device):
     g, u = _inputs((2, 3, 40), torch.float32, device, layout)

@@ -36,15 +36,26 @@ def _activation(g, ACT: tl.constexpr, GRAD: tl.constexpr):
         if GRAD:
             da = cdf + g * 0.3989422804014327 * tl.exp(-0.5 * g * g)
     else:
-        k = 0.7978845608028654  # sqrt(2 / pi)
-        z = k * (g + 0.044715 * g * g * g)
-        s = tl.sigmoid(2.0 * z)
-        a = g * s  # 0.5 · g · (1 + tanh z)
-        da = 0.0
+        # z = k·(g + 0.044715·g³), k = sqrt(2 / pi), with the constants folded by hand (Triton
+        # does not reassociate)
+        g2 = g * g
+        z = g * (0.7978845608028654 + 0.035677408136300125 * g2)
         if GRAD:
-            # 1 - s as sigmoid(-2z), not by subtraction: exact where s is near 1, and the term
-            # is scaled by g·(1 + 3·0.044715·g²)
-            da = s + g * 2.0 * s * tl.sigmoid(-2.0 * z) * k * (1.0 + 3.0 * 0.044715 * g * g)
+            # sigmoid(2z) and sigmoid(-2z) = 1 - sigmoid(2z) from one exp and one reciprocal,
+            # t = exp(-2|z|) <= 1 (no overflow): one is 1 / (1 + t), the other t / (1 + t). Not
+            # 1 - s by subtraction: exact where s is near 1, and the term is scaled by
+            # g·(1 + 3·0.044715·g²). Two sigmoids and unfolded constants made this backward
+            # issue-bound: 57 instructions an element (sm_90a SASS), 18 of them FMUL, 4 MUFU.
+            t = tl.exp2(tl.abs(z) * -2.8853900817779268)  # exp(-2|z|)
+            r = 1.0 / (1.0 + t)
+            tr = t * r
+            s = tl.where(z >= 0, r, tr)
+            a = g * s  # 0.5 · g · (1 + tanh z)
+            # act' = s + g·s·(1 - s)·2k·(1 + 3·0.044715·g²)
+            da = s + a * tl.where(z >= 0, tr, r) * (1.5957691216057308 + 0.21406444881780075 * g2)
+        else:
+            a = g * tl.sigmoid(2.0 * z)
+            da = 0.0
     return a, da
 
 
