@@ -286,6 +286,11 @@ def test_errors_name_the_argument(device):
         ),
         (ValueError, "cos and sin must be", (q, k, cos[:2], cos[:2])),
         (ValueError, "cos and sin must be", (q, k, cos.expand(3, 3, 8), cos.expand(3, 3, 8))),
+        # 0-d and 1-D cos: their own message, and no IndexError hiding another argument's
+        (ValueError, "cos and sin must be", (q, k, cos[0, 0], cos[0, 0])),
+        (ValueError, "cos and sin must be", (q, k, cos[0], cos[0])),
+        (ValueError, "q must be 4-D", (q[0], k, cos[0, 0], cos[0, 0])),
+        (TypeError, "k must have q's dtype", (q, k.double(), cos[0, 0], cos[0, 0])),
     ]
     for error, message, args in cases:
         with pytest.raises(error, match=message):

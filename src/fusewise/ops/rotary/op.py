@@ -173,10 +173,11 @@ def _plainly_valid(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> bool:
     if not (type(q) is type(k) is type(cos) is type(sin) is Tensor):
         return False
     dtype, device, shape = q.dtype, q.device, q.shape
+    if len(shape) != 4 or cos.dim() < 2:
+        return False
     dr = cos.shape[-1]
     return (
-        len(shape) == 4
-        and dtype in _FLOATS
+        dtype in _FLOATS
         and k.dtype is dtype
         and cos.dtype in _FLOATS
         and sin.dtype in _FLOATS
@@ -225,6 +226,10 @@ def _check(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> None:
         raise RuntimeError(
             "apply_rotary does not differentiate with respect to cos and sin, which require grad "
             "here; pass cos.detach() and sin.detach() (they are a function of the positions)"
+        )
+    if cos.dim() < 2:
+        raise ValueError(
+            f"cos and sin must be [S, Dr], [B, S, Dr] or [B, 1, S, Dr], got {tuple(cos.shape)}"
         )
     dr = cos.shape[-1]
     if dr % 2 or not 2 <= dr <= d:
