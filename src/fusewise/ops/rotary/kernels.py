@@ -16,8 +16,8 @@ BACKWARD applies Rᵀ to dy, which is the same formula with (sin[a], sin[b]) -> 
     dx[a] = dy[a]·cos[a] + dy[b]·sin[b]     dx[b] = dy[b]·cos[b] - dy[a]·sin[a]
 Math in fp32 whatever the storage dtype, one rounding at the store. A row's start is an int64
 offset; offsets within a row (head · stride_h + feature) are int32 unless WIDE (the launcher sets
-it when they could pass 2**31): int64 offsets doubled the registers of the address arithmetic
-(64 a thread against 32, half the programs resident per multiprocessor).
+it when they could pass 2**31): with int64 offsets the kernel measured 1-2% slower on the H200
+(more address instructions; benchmarks/results/README.md, 2026-12-03/04).
 """
 
 import triton
@@ -139,11 +139,10 @@ def rotary_kernel(
     constants, as in a model they are fixed.
 
     The row's heads go in N_CHUNKS chunks (unrolled), chunk c being BLOCK_HQ heads of q and
-    BLOCK_HK of k; each chunk issues all its loads, q's and k's, before its first store. A
-    program's loads in flight are then the whole chunk (a Llama row of 32 + 8 heads x 128 is one
-    chunk, 10 KB in bf16): loading and storing one tile of 1,024 elements at a time left 2 KB in
-    flight per program, too little to cover the memory's latency (84% of the copy ceiling
-    against Liger's 93%, which loads a whole row first)."""
+    BLOCK_HK of k; each chunk issues all its loads, q's and k's, before its first store (a Llama
+    row of 32 + 8 heads x 128 is one chunk, 10 KB in bf16), as Liger's kernel does with a whole
+    row. Measured on the H200, that alone was level with storing each 1,024-element tile before
+    loading the next (x0.996); with int32 offsets as well, 1-2% faster, level with Liger."""
     row = tl.program_id(0).to(tl.int64)
     b = row // S
     s = row - b * S

@@ -25,8 +25,8 @@ from .._launch import cdiv, launch, next_power_of_2
 from . import kernels as K
 
 # Elements of q and k (both halves of the pairs) per chunk of a row's heads, at most, and warps.
-# A chunk's loads are all issued before its stores (kernels.py), so this is a program's bytes in
-# flight; a Llama row (32 + 8 heads x 128 = 5,120 elements) is one chunk. From
+# A chunk's loads are all issued before its stores (kernels.py); a Llama row (32 + 8 heads x 128
+# = 5,120 elements) is one chunk. From
 # benchmarks/sweep_rotary_tiles.py on the H200 (CUDA-graph replays, B 4 x S 2048 x 32/8 x 128,
 # bf16, forward / forward+backward, % of the copy ceiling; h200_sweep_rotary_chunks_fda2b3e.csv):
 # 8192 at 4 warps 86.5 / 89.7, 4096 at 4 87.4 / 89.4 (a tie), 8 warps 83.5-83.6 / 86.3-86.5,
