@@ -67,3 +67,51 @@ def graph_replay(run):
     with torch.cuda.graph(graph):
         run()
     return graph.replay
+
+
+NUMERIC = ("ms", "gbps_or_tflops", "pct_of_ceiling")
+
+
+def read_csv(path: str) -> list[dict]:
+    """Rows as append_csv wrote them, the measurements as floats again ("" stays "")."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for k in NUMERIC:
+            if r.get(k) not in (None, ""):
+                r[k] = float(r[k])
+    return rows
+
+
+def isolated(script: str, argv: list[str], providers: list[str], csv_path: str | None) -> list:
+    """Runs `script argv --providers P --csv ...` once per provider, each in a fresh process, and
+    returns every row. In one process the order of providers moves their times: anything timed
+    after torch.compile has run was 5-8% faster on the H200 (h200_rotary_order_dcea58d.txt), so
+    a comparison across providers in one process can favour whichever comes last."""
+    import sys
+    import tempfile
+
+    argv = _without(argv, "--isolate", "--providers", "--csv")
+    with tempfile.TemporaryDirectory() as d:
+        part = os.path.join(d, "rows.csv")
+        for p in providers:
+            cmd = [sys.executable, script, *argv, "--providers", p, "--csv", part]
+            if subprocess.run(cmd).returncode:
+                print(f"# {p}: its process failed (above); its rows are missing", flush=True)
+        rows = read_csv(part) if os.path.exists(part) else []
+    if csv_path:
+        append_csv(csv_path, rows)
+    return rows
+
+
+def _without(argv: list[str], flag: str, *options: str) -> list[str]:
+    """argv less `flag` and less each option with its value (`--x v` or `--x=v`)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in options:
+            skip = True
+        elif arg != flag and not arg.startswith(tuple(o + "=" for o in options)):
+            out.append(arg)
+    return out

@@ -187,7 +187,14 @@ def main(argv=None):
     p.add_argument("--providers", default="fusewise," + ",".join(PEERS))
     p.add_argument("--csv", default=None, help="append rows to this CSV")
     p.add_argument("--tiny", action="store_true", help="small shapes; runs on the CPU too")
+    p.add_argument(
+        "--isolate", action="store_true", help="one process per provider (_rows.isolated)"
+    )
     a = p.parse_args(argv)
+    if a.isolate:
+        argv = sys.argv[1:] if argv is None else argv
+        print(summary(_rows.isolated(__file__, argv, a.providers.split(","), a.csv)))
+        return
     if not torch.cuda.is_available() and not a.tiny:
         sys.exit("bench_gated.py times GPU kernels; no CUDA device is present (--tiny runs here)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

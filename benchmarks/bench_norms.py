@@ -138,7 +138,14 @@ def main(argv=None):
         help="eager (host included), graph (the kernels alone: CUDA-graph replay), or both: "
         "eager,graph; graph rows have mode fwd+graph / fwd_bwd+graph",
     )
+    p.add_argument(
+        "--isolate", action="store_true", help="one process per provider (_rows.isolated)"
+    )
     a = p.parse_args(argv)
+    if a.isolate:
+        argv = sys.argv[1:] if argv is None else argv
+        _summary(_rows.isolated(__file__, argv, a.providers.split(","), a.csv))
+        return
     if not torch.cuda.is_available():
         sys.exit("bench_norms.py times GPU kernels; no CUDA device is present")
     device = torch.device("cuda")

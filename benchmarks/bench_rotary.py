@@ -52,6 +52,9 @@ def _parse(argv):
     p.add_argument("--dtypes", default="bf16,fp32")
     p.add_argument("--providers", default="fusewise,torch,compile,liger")
     p.add_argument("--csv", default=None, help="append rows to this CSV")
+    p.add_argument(
+        "--isolate", action="store_true", help="one process per provider (_rows.isolated)"
+    )
     p.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny shape, interpreter")
     return p.parse_args(argv)
 
@@ -156,6 +159,10 @@ def bench_one(fn, mode, shape, dtype, device):
 
 def main(argv=None):
     a = _parse(argv)
+    if a.isolate:
+        argv = sys.argv[1:] if argv is None else argv
+        _summary(_rows.isolated(__file__, argv, a.providers.split(","), a.csv))
+        return
     if a.tiny and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         sys.exit(
             "--tiny runs Triton's interpreter: pass it on the command line (it sets "

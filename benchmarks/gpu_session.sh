@@ -3,7 +3,7 @@
 # CSV, logs and the pairs' observations under $OUT.
 # Usage (in the device command): FUSEWISE_COMMIT=<sha> TESTS="tests/a.py ..." \
 #   bash benchmarks/gpu_session.sh [serial] [tests] [replay] [capture] [demo] [host] [pairs]
-#   [norms] [sweep] [ab] [rotary_sweep] [rotary] [gated] [ab_src] [e2e]
+#   [norms] [sweep] [ab] [rotary_sweep] [rotary] [gated] [ab_src] [e2e] [order] [iso]
 #   (.whl carried: Liger and CCE for tests; serial: SERIAL_TESTS without xdist, for tests that
 #   time a launch-bound step and fail when other processes share the GPU; norms: bench_norms
 #   against torch and Liger, kernels only, one process per op so a timeout loses one op, then the
@@ -107,6 +107,21 @@ for what in "$@"; do
         --steps 12 --warmup 3 --compile-warmup 5 --timeout 60 --budget $((E - 15)) \
         --csv "$OUT/e2e.csv" > "$OUT/e2e.txt" 2>&1
       grep -E "^variant|^(eager|compile|liger|fusewise) |largest|target|met" "$OUT/e2e.txt" ;;
+    order)
+      # why a kernel runs faster after torch.compile in the same process (order_probe.py)
+      for o in pre,none,post pre,ptxas,post ptxas,post pre,compile_other,post compile_other,post \
+               pre,compile_rotary,post compile_rotary,post; do
+        timeout 90 python benchmarks/order_probe.py --order $o --csv "$OUT/order_probe.csv" 2>&1 \
+          | grep -v USDT | tee -a "$OUT/order_probe.txt" | grep -v "^# after none"
+      done ;;
+    iso)
+      # each provider in its own process (--isolate): no provider timed after another's state
+      timeout ${ISO_ROTARY_S:-150} python benchmarks/bench_rotary.py --isolate --dtypes bf16 \
+        --modes fwd@graph,fwd_bwd@graph --csv "$OUT/rotary_iso.csv" > "$OUT/rotary_iso.txt" 2>&1
+      tail -5 "$OUT/rotary_iso.txt"
+      timeout ${ISO_GATED_S:-200} python benchmarks/bench_gated.py --isolate \
+        --modes fwd@graph,fwd_bwd@graph --csv "$OUT/gated_iso.csv" > "$OUT/gated_iso.txt" 2>&1
+      tail -9 "$OUT/gated_iso.txt" ;;
     pairs)
       (cd benchmarks && timeout ${PAIRS_S:-300} python predict_pairs.py --configs demo \
         --rounds ${ROUNDS:-8} --dump-obs "$OUT/pairs_obs.pkl.gz" 2>&1 | grep -v USDT | tail -13)
