@@ -57,12 +57,15 @@ def strict() -> bool:
 
 def _why_not_triton(tensors: list[torch.Tensor]) -> str | None:
     t = tensors[0]
-    if t.device.type == "cpu" and not interpreting():
-        return "tensors are on the CPU (the Triton kernel needs a CUDA GPU, or TRITON_INTERPRET=1)"
-    if t.device.type not in ("cpu", "cuda"):
+    if t.is_cuda:  # first: this runs on every eager call, and is_cuda is the cheapest read
+        if interpreting():
+            return (
+                "TRITON_INTERPRET=1 is set but the tensors are on a GPU; unset it to run the kernel"
+            )
+    elif t.device.type != "cpu":
         return f"tensors are on {t.device.type!r}; the Triton kernel runs on CUDA GPUs only"
-    if t.device.type == "cuda" and interpreting():
-        return "TRITON_INTERPRET=1 is set but the tensors are on a GPU; unset it to run the kernel"
+    elif not interpreting():
+        return "tensors are on the CPU (the Triton kernel needs a CUDA GPU, or TRITON_INTERPRET=1)"
     for x in tensors:
         if x.dtype not in _TRITON_DTYPES:
             return f"dtype {x.dtype} is not one of float32, bfloat16, float16"
@@ -74,7 +77,7 @@ def choose_path(op: str, *tensors: torch.Tensor | None) -> str:
     present = [t for t in tensors if t is not None]
     reason = _why_not_triton(present)
     if reason is None:
-        path = INTERPRETER if present[0].device.type == "cpu" else TRITON
+        path = TRITON if present[0].is_cuda else INTERPRETER
     else:
         message = f"fusewise.ops.{op}: {reason}; running the eager reference instead."
         if strict():

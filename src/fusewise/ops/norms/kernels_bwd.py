@@ -96,12 +96,15 @@ def _store_partials(
     DW_part, DB_part, index, cols, col_ok, N, dw_acc, db_acc,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr,
 ):  # fmt: skip
-    """Row `index` of the fp32 partial weight and bias gradients: the accumulators summed over
-    their rows (once, at the end: see norm_bwd_block_kernel)."""
+    """Row `index` of the partial weight and bias gradients: the accumulators summed over their
+    rows (once, at the end: see norm_bwd_block_kernel). The partials are fp32, or with a single
+    program the gradients themselves, rounded to their dtype here as sum_partials_kernel would."""
     if HAS_W:
-        tl.store(DW_part + index.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+        dw = _round(tl.sum(dw_acc, axis=0), DW_part.dtype.element_ty)
+        tl.store(DW_part + index.to(tl.int64) * N + cols, dw, mask=col_ok)
     if HAS_B:
-        tl.store(DB_part + index.to(tl.int64) * N + cols, tl.sum(db_acc, axis=0), mask=col_ok)
+        db = _round(tl.sum(db_acc, axis=0), DB_part.dtype.element_ty)
+        tl.store(DB_part + index.to(tl.int64) * N + cols, db, mask=col_ok)
 
 
 @triton.jit

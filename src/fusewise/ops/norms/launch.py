@@ -9,6 +9,8 @@ so they run inside CUDA-graph capture.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from .._launch import cdiv, launch, next_power_of_2, sm_count
@@ -115,10 +117,56 @@ def _partials(rows: int, n: int, has_w: bool, has_b: bool, dev):
     return (buf[0] if has_w else None), (buf[-1] if has_b else None)
 
 
+class _FwdPlan(NamedTuple):
+    """What the forward's shapes and settings decide: the kernel, its grid, the integer arguments
+    before eps, and the constexprs."""
+
+    kernel: object
+    grid: tuple
+    ints: tuple
+    meta: dict
+
+
+# Forward plans by (shape, strides, flags, settings); a model has a handful. Cleared past
+# _MAX_PLANS (row counts that change every call).
+_fwd_plans: dict = {}
+_MAX_PLANS = 1024
+
+
+def _forward_plan(m: int, n: int, stride_x: int, stride_r: int, flags: tuple) -> _FwdPlan:
+    key = (m, n, stride_x, stride_r, flags, MAX_BLOCK_N_FWD, WIDE_CHUNK_FWD, WIDE_WARPS)
+    key += (TILE_ELEMENTS_FWD, FWD_ELEMENTS_PER_THREAD, MAX_WARPS_FWD)  # tests lower these
+    plan = _fwd_plans.get(key)
+    if plan is not None:
+        return plan
+    if len(_fwd_plans) >= _MAX_PLANS:
+        _fwd_plans.clear()
+    meta = dict(zip(("IS_RMS", "HAS_W", "HAS_B", "HAS_RES"), flags))
+    if use_wide_path(n):
+        plan = _FwdPlan(
+            K.norm_fwd_wide_kernel,
+            (m,),
+            (n, stride_x, stride_r),
+            dict(BLOCK_N=WIDE_CHUNK_FWD, num_warps=WIDE_WARPS, **meta),
+        )
+    else:
+        block_m, block_n, num_warps = block_config(n)
+        plan = _FwdPlan(
+            K.norm_fwd_block_kernel,
+            (cdiv(m, block_m),),
+            (m, n, stride_x, stride_r),
+            dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, **meta),
+        )
+    _fwd_plans[key] = plan
+    return plan
+
+
 def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
     """x, residual: [M, N]. Returns (y, h or None, mean or None, rstd), as
     reference.norm_forward does. Nothing is allocated for what is not returned: the kernels get
-    another buffer of the same dtype in place of h and mean, which they never touch then."""
+    another buffer of the same dtype in place of h and mean, which they never touch then.
+    What shapes and settings decide is looked up (_forward_plan): at a launch-bound size the
+    eager call's host time is the step's."""
     m, n = x.shape
     dev = x.device
     y = alloc((m, n), x.dtype, dev)
@@ -127,60 +175,63 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
     mean = None if is_rms else alloc(m, torch.float32, dev)
     if m == 0:
         return y, h, mean, rstd
-    flags = dict(
-        IS_RMS=is_rms,
-        HAS_W=weight is not None,
-        HAS_B=bias is not None,
-        HAS_RES=residual is not None,
-    )
     r = residual if residual is not None else x
-    stride_r = r.stride(0)
+    flags = (is_rms, weight is not None, bias is not None, residual is not None)
+    plan = _forward_plan(m, n, x.stride(0), r.stride(0), flags)
     h_buf = h if h is not None else y
     mean_buf = mean if mean is not None else rstd
-    if use_wide_path(n):
-        launch(
-            K.norm_fwd_wide_kernel,
-            (m,),
-            x,
-            r,
-            weight,
-            bias,
-            y,
-            h_buf,
-            mean_buf,
-            rstd,
-            n,
-            x.stride(0),
-            stride_r,
-            eps,
-            BLOCK_N=WIDE_CHUNK_FWD,
-            num_warps=WIDE_WARPS,
-            **flags,
-        )
-    else:
-        block_m, block_n, num_warps = block_config(n)
-        launch(
-            K.norm_fwd_block_kernel,
-            (cdiv(m, block_m),),
-            x,
-            r,
-            weight,
-            bias,
-            y,
-            h_buf,
-            mean_buf,
-            rstd,
-            m,
-            n,
-            x.stride(0),
-            stride_r,
-            eps,
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            num_warps=num_warps,
-            **flags,
-        )
+    args = (x, r, weight, bias, y, h_buf, mean_buf, rstd, *plan.ints, eps)
+    launch(plan.kernel, plan.grid, *args, **plan.meta)
     return y, h, mean, rstd
+
+
+class _BwdPlan(NamedTuple):
+    """The fused backward's schedule for one shape and setting table: grid, tiles per program,
+    the setting, and whether one program takes every tile (then it writes the weight gradients
+    themselves, with no partials to sum: one launch and three allocations fewer, where a
+    launch-bound call's time is the host's)."""
+
+    settings: tuple  # BWD_CONFIGS (held: an `is` check, not an id), MAX_BLOCK_N, and
+    # SINGLE_PROGRAM_ELEMENTS when it was made: tests and sweeps replace them
+    block_m: int
+    block_n: int
+    setting: Bwd
+    programs: int
+    tiles_per_program: int
+
+
+_bwd_plans: dict = {}
+# One program takes every tile of a backward up to this many elements (bf16 8 x 4096: 4 tiles).
+SINGLE_PROGRAM_ELEMENTS = 32768
+
+
+def _backward_plan(m: int, n: int, op: str, element_size: int, dev) -> _BwdPlan | None:
+    """The fused kernel's schedule, or None where the split kernels take the rows."""
+    key = (m, n, op, element_size, dev)
+    plan = _bwd_plans.get(key)
+    if plan is not None:
+        configs, max_block_n, single = plan.settings
+        if (
+            configs is BWD_CONFIGS
+            and max_block_n == MAX_BLOCK_N
+            and single == SINGLE_PROGRAM_ELEMENTS
+        ):
+            return plan
+    fused = _fused_setting(n, op, element_size)
+    if fused is None:
+        return None
+    if len(_bwd_plans) >= _MAX_PLANS:
+        _bwd_plans.clear()
+    block_m, block_n, setting = fused
+    n_tiles = cdiv(m, block_m)
+    if n_tiles * block_m * block_n <= SINGLE_PROGRAM_ELEMENTS:
+        programs = 1
+    else:
+        programs = min(n_tiles, setting.per_sm * _programs_per_wave(dev))
+    settings = (BWD_CONFIGS, MAX_BLOCK_N, SINGLE_PROGRAM_ELEMENTS)
+    plan = _BwdPlan(settings, block_m, block_n, setting, programs, cdiv(n_tiles, programs))
+    _bwd_plans[key] = plan
+    return plan
 
 
 def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
@@ -197,44 +248,49 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     dh_arg = dh if dh is not None else dy
     if mean is None:  # RMS: the kernels never read it; any fp32 buffer holds the place
         mean = rstd
-    fused = _fused_setting(n, op_name(is_rms, dh is not None), x.element_size())
-    if fused is None:
+    plan = _backward_plan(m, n, op_name(is_rms, dh is not None), x.element_size(), dev)
+    if plan is None:
         dw_part, db_part = _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms, dx)
+        return dx, *_finish_weight_grads(dw_part, db_part, weight, bias, dev)
+    if plan.programs == 1:  # the kernel writes the gradients themselves
+        dw = alloc(weight.shape, weight.dtype, dev) if has_w else None
+        db = alloc(bias.shape, bias.dtype, dev) if has_b else None
+        dw_part, db_part = dw, db
     else:
-        block_m, block_n, setting = fused
-        n_tiles = cdiv(m, block_m)
-        programs = min(n_tiles, setting.per_sm * _programs_per_wave(dev))
-        dw_part, db_part = _partials(programs, n, has_w, has_b, dev)
-        launch(
-            KB.norm_bwd_block_kernel,
-            (programs,),
-            x,
-            weight,
-            dy,
-            dh_arg,
-            dx,
-            mean,
-            rstd,
-            dw_part,
-            db_part,
-            m,
-            n,
-            x.stride(0),
-            dy.stride(0),
-            dh_arg.stride(0),
-            programs,
-            cdiv(n_tiles, programs),
-            IS_RMS=is_rms,
-            HAS_W=has_w,
-            HAS_B=has_b,
-            HAS_DH=dh is not None,
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            PREFETCH=setting.prefetch,
-            LEAN=setting.lean,
-            RELOAD=setting.reload,
-            num_warps=setting.warps,
-        )
+        dw_part, db_part = _partials(plan.programs, n, has_w, has_b, dev)
+    setting = plan.setting
+    launch(
+        KB.norm_bwd_block_kernel,
+        (plan.programs,),
+        x,
+        weight,
+        dy,
+        dh_arg,
+        dx,
+        mean,
+        rstd,
+        dw_part,
+        db_part,
+        m,
+        n,
+        x.stride(0),
+        dy.stride(0),
+        dh_arg.stride(0),
+        plan.programs,
+        plan.tiles_per_program,
+        IS_RMS=is_rms,
+        HAS_W=has_w,
+        HAS_B=has_b,
+        HAS_DH=dh is not None,
+        BLOCK_M=plan.block_m,
+        BLOCK_N=plan.block_n,
+        PREFETCH=setting.prefetch,
+        LEAN=setting.lean,
+        RELOAD=setting.reload,
+        num_warps=setting.warps,
+    )
+    if plan.programs == 1:
+        return dx, dw, db
     return dx, *_finish_weight_grads(dw_part, db_part, weight, bias, dev)
 
 

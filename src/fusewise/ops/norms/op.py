@@ -40,6 +40,7 @@ from .validate import (
     check_input,
     check_param,
     check_same_device,
+    plainly_valid,
 )
 
 
@@ -246,9 +247,10 @@ def layer_norm(
     input (strided, transposed, a broadcast weight). eps: a number >= 0 (None is an error, as
     in F.layer_norm).
     """
-    check_input("x", x)
-    check_param("weight", weight, x)
-    check_param("bias", bias, x)
+    if not plainly_valid(x, weight, bias):
+        check_input("x", x)
+        check_param("weight", weight, x)
+        check_param("bias", bias, x)
     eps = check_eps(eps)
     if x.numel() == 0:
         return _empty_like_through(x, weight, bias)
@@ -280,8 +282,9 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float | None = 1e-6) 
     """RMSNorm over the last dim of x [..., N]; weight: [N]. Returns x's shape and dtype. Any
     layout of any input. eps: a number >= 0, or None for torch's default (default_eps), as in
     F.rms_norm."""
-    check_input("x", x)
-    check_param("weight", weight, x)
+    if not plainly_valid(x, weight):
+        check_input("x", x)
+        check_param("weight", weight, x)
     eps = check_eps(default_eps(x.dtype) if eps is None else eps)
     if x.numel() == 0:
         return _empty_like_through(x, weight)
@@ -293,6 +296,28 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None, eps: float 
     """(rms_norm(x + residual, weight), x + residual) in one pass. x, residual: [..., N], same
     shape and dtype; weight: [N]. Differentiable in x, residual and weight (both outputs).
     eps=None means torch's default, as in rms_norm."""
+    if not (plainly_valid(x, weight) and _plain_residual(residual, x)):
+        _check_add_rms_norm(x, residual, weight)
+    eps = check_eps(default_eps(x.dtype) if eps is None else eps)
+    if x.numel() == 0:
+        h = x + residual
+        return _empty_like_through(h, weight), h
+    y, h = norm(as_rows(x), as_rows(residual), weight, None, eps, True)
+    return _shaped_like(y, x), _shaped_like(h, x)
+
+
+def _plain_residual(residual, x: Tensor) -> bool:
+    """A residual the full checks below would pass, in a few attribute reads."""
+    return (
+        type(residual) is Tensor
+        and residual.layout is torch.strided
+        and residual.dtype is x.dtype
+        and residual.shape == x.shape
+        and residual.device == x.device
+    )
+
+
+def _check_add_rms_norm(x, residual, weight) -> None:
     check_input("x", x)
     check_floating("residual", residual)
     if residual.shape != x.shape:
@@ -305,9 +330,3 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None, eps: float 
         )
     check_same_device(x, residual=residual)
     check_param("weight", weight, x)
-    eps = check_eps(default_eps(x.dtype) if eps is None else eps)
-    if x.numel() == 0:
-        h = x + residual
-        return _empty_like_through(h, weight), h
-    y, h = norm(as_rows(x), as_rows(residual), weight, None, eps, True)
-    return _shaped_like(y, x), _shaped_like(h, x)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import Tensor
 
 from .._checks import check_floating  # shared by the families; op.py takes it from here
@@ -46,10 +47,41 @@ def check_param(name: str, t: Tensor | None, x: Tensor) -> None:
     check_same_device(x, **{name: t})
 
 
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_PARAM_TYPES = (Tensor, torch.nn.Parameter)
+
+
+def plainly_valid(x: Tensor, *params: Tensor | None) -> bool:
+    """The usual call, recognised in a few attribute reads (an eager call's host time is more than
+    its kernel's at small sizes): x a plain dense tensor of a float dtype with a last dim, each
+    param None or a plain tensor or Parameter, dense, floating, of shape (N,) on x's device.
+    True only where check_input and check_param would pass; anything else (subclasses such as
+    FakeTensor too) gets their full checks and messages."""
+    if type(x) is not Tensor or x.layout is not torch.strided or x.dtype not in _FLOATS:
+        return False
+    shape = x.shape
+    if not shape:
+        return False
+    n, device = shape[-1], x.device
+    for p in params:
+        if p is not None and not (
+            type(p) in _PARAM_TYPES
+            and p.layout is torch.strided
+            and p.dtype in _FLOATS
+            and len(p.shape) == 1
+            and p.shape[0] == n
+            and p.device == device
+        ):
+            return False
+    return True
+
+
 def check_eps(eps) -> float:
     """eps as a Python float: a real number (numpy scalars too), finite and >= 0. A tensor is
     refused rather than read: on a GPU reading it is a host sync on every call. float() rather
     than isinstance(numbers.Real): under torch.compile a numpy scalar is not a numbers.Real."""
+    if type(eps) is float and 0.0 <= eps < math.inf:  # the usual call, in one comparison
+        return eps
     value = None
     if eps is not None and not isinstance(eps, (bool, str, bytes, Tensor)):
         try:

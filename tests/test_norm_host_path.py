@@ -1,0 +1,173 @@
+"""The norms' eager host path (issue #14: host time per call near torch's): the quick argument
+check must only ever send a call to the full checks, the plans looked up per shape must follow
+the settings tests and sweeps replace, and the backward of a small call runs as one program that
+writes the weight gradients itself (one launch), as correct as the multi-program schedule."""
+
+import math
+
+import pytest
+import torch
+from norm_cases import DTYPES, OPS, SLACK, make_inputs
+from test_norm_numerics import check
+
+import fusewise
+from fusewise.ops import _dispatch
+from fusewise.ops.norms import launch as norm_launch
+from fusewise.ops.norms import validate
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+def _cases():
+    """(x, weight, bias): usual calls and calls the full checks refuse or must look at."""
+    x = torch.randn(3, 8)
+    w = torch.randn(8)
+    yield x, w, None
+    yield x, torch.nn.Parameter(w), torch.randn(8)
+    yield x.to(torch.bfloat16), w, None
+    yield x, None, None
+    yield torch.randn(2, 3, 8).transpose(0, 1), w, w
+    yield torch.tensor(1.0), None, None  # 0-d
+    yield torch.ones(3, 8, dtype=torch.int32), None, None
+    yield x.to_sparse(), None, None
+    yield x, torch.randn(7), None
+    yield x, torch.randn(1, 8), None
+    yield x, torch.ones(8, dtype=torch.int64), None
+    yield x, torch.randn(8, device="meta"), None
+    yield x, [8], None
+    yield x.as_subclass(_Sub), w, None
+    yield x, w.as_subclass(_Sub), None
+    yield torch.randn(3, 8, dtype=torch.complex64), None, None
+
+
+def _full_checks_pass(x, weight, bias) -> bool:
+    try:
+        validate.check_input("x", x)
+        validate.check_param("weight", weight, x)
+        validate.check_param("bias", bias, x)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize("case", range(len(list(_cases()))))
+def test_quick_check_accepts_only_what_the_full_checks_accept(case):
+    x, weight, bias = list(_cases())[case]
+    quick = validate.plainly_valid(x, weight, bias)
+    if quick:
+        assert _full_checks_pass(x, weight, bias)
+    # the usual calls are recognised (or the quick check would save nothing)
+    if case < 5:
+        assert quick
+
+
+def test_refused_calls_still_get_the_full_messages():
+    x = torch.randn(3, 8)
+    with pytest.raises(ValueError, match=r"weight must have shape \(8,\)"):
+        fusewise.ops.rms_norm(x, torch.randn(7))
+    with pytest.raises(ValueError, match="at least one dimension"):
+        fusewise.ops.layer_norm(torch.tensor(1.0))
+    with pytest.raises(TypeError, match="floating-point"):
+        fusewise.ops.layer_norm(torch.ones(3, 8, dtype=torch.int32))
+    with pytest.raises(ValueError, match="residual must have x's shape"):
+        fusewise.ops.add_rms_norm(x, torch.randn(3, 7), None)
+    with pytest.raises(TypeError, match="residual must have x's dtype"):
+        fusewise.ops.add_rms_norm(x, x.double(), None)
+    with pytest.raises(TypeError, match="residual must be a torch.Tensor"):
+        fusewise.ops.add_rms_norm(x, 1.0, None)
+
+
+@pytest.mark.parametrize(
+    "eps,ok",
+    [(1e-5, True), (0.0, True), (float("nan"), False), (math.inf, False), (-1e-6, False)],
+)
+def test_eps_quick_path_refuses_what_the_full_check_refuses(eps, ok):
+    if ok:
+        assert validate.check_eps(eps) == eps
+    else:
+        with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
+            validate.check_eps(eps)
+
+
+def test_a_tensor_on_an_unsupported_device_names_it():
+    reason = _dispatch._why_not_triton([torch.empty(2, device="meta")])
+    assert reason is not None and "'meta'" in reason
+
+
+def _count_launches(monkeypatch) -> list:
+    names = []
+    real = norm_launch.launch
+
+    def counting(kernel, grid, *args, **meta):
+        names.append((kernel.__name__ if hasattr(kernel, "__name__") else str(kernel), grid))
+        return real(kernel, grid, *args, **meta)
+
+    monkeypatch.setattr(norm_launch, "launch", counting)
+    return names
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_small_backward_is_one_launch_of_one_program(op, device, monkeypatch):
+    """8 x 256 in bf16: every tile in one program, which writes dweight (and dbias) itself."""
+    a = make_inputs(op, (8, 256), torch.bfloat16, device)
+    plan = norm_launch._backward_plan(8, 256, op, 2, a["x"].device)
+    assert plan is not None and plan.programs == 1
+    launches = _count_launches(monkeypatch)
+    check(op, a, SLACK[torch.bfloat16])
+    kernels = [name for name, _ in launches]
+    assert kernels.count("norm_bwd_block_kernel") == 1 and "sum_partials_kernel" not in kernels
+    assert all(grid == (1,) for name, grid in launches if name == "norm_bwd_block_kernel")
+
+
+@pytest.mark.parametrize("single", [0, 1 << 30])
+@pytest.mark.parametrize("dname", list(DTYPES))
+@pytest.mark.parametrize("op", OPS)
+def test_one_program_and_many_agree_with_float64(op, dname, single, device, monkeypatch):
+    """The same shapes on either schedule (SINGLE_PROGRAM_ELEMENTS 0: always partials and their
+    sum; 2**30: always one program), several tiles and a ragged last one, held to eager
+    PyTorch's error against float64."""
+    monkeypatch.setattr(norm_launch, "SINGLE_PROGRAM_ELEMENTS", single)
+    dtype = DTYPES[dname]
+    for shape in [(37, 300), (5, 33)]:
+        m, n = shape
+        plan = norm_launch._backward_plan(m, n, op, dtype.itemsize, torch.device(device))
+        n_tiles = -(-m // plan.block_m)
+        assert plan.programs == (1 if single else min(n_tiles, plan.programs))
+        assert single or n_tiles == 1 or plan.programs > 1
+        check(op, make_inputs(op, shape, dtype, device), SLACK[dtype])
+
+
+def test_backward_plan_follows_replaced_settings(monkeypatch):
+    """A plan is reused while BWD_CONFIGS and MAX_BLOCK_N are the ones it was made from."""
+    dev = torch.device("cpu")
+    first = norm_launch._backward_plan(64, 300, "rms_norm", 2, dev)
+    assert norm_launch._backward_plan(64, 300, "rms_norm", 2, dev) is first
+    other = norm_launch.Bwd(1 << 20, 512, 4, 1, prefetch=False, lean=True)
+    monkeypatch.setattr(
+        norm_launch, "BWD_CONFIGS", dict.fromkeys(norm_launch.BWD_CONFIGS, (other,))
+    )
+    assert norm_launch._backward_plan(64, 300, "rms_norm", 2, dev).setting == other
+    monkeypatch.setattr(norm_launch, "MAX_BLOCK_N", 256)
+    assert norm_launch._backward_plan(64, 300, "rms_norm", 2, dev) is None  # split kernels
+
+
+def test_forward_plan_follows_replaced_settings(monkeypatch):
+    flags = (True, True, False, False)
+    block = norm_launch._forward_plan(4, 300, 300, 300, flags)
+    assert block.kernel is norm_launch.K.norm_fwd_block_kernel
+    assert norm_launch._forward_plan(4, 300, 300, 300, flags) is block
+    monkeypatch.setattr(norm_launch, "MAX_BLOCK_N_FWD", 256)
+    wide = norm_launch._forward_plan(4, 300, 300, 300, flags)
+    assert wide.kernel is norm_launch.K.norm_fwd_wide_kernel and wide.grid == (4,)
+    monkeypatch.setattr(norm_launch, "WIDE_CHUNK_FWD", 128)
+    assert norm_launch._forward_plan(4, 300, 300, 300, flags).meta["BLOCK_N"] == 128
+
+
+def test_plans_are_bounded(monkeypatch):
+    monkeypatch.setattr(norm_launch, "_MAX_PLANS", 4)
+    monkeypatch.setattr(norm_launch, "_fwd_plans", {})
+    for m in range(1, 20):
+        norm_launch._forward_plan(m, 64, 64, 64, (True, False, False, False))
+    assert len(norm_launch._fwd_plans) <= 4
