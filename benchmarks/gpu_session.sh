@@ -3,7 +3,7 @@
 # CSV, logs and the pairs' observations under $OUT.
 # Usage (in the device command): FUSEWISE_COMMIT=<sha> TESTS="tests/a.py ..." \
 #   bash benchmarks/gpu_session.sh [serial] [tests] [replay] [capture] [demo] [host] [pairs]
-#   [norms] [sweep] [ab] [rotary_sweep] [rotary] [gated] [ab_src] [e2e] [order] [iso]
+#   [norms] [sweep] [ab] [rotary_sweep] [rotary] [gated] [ab_src] [e2e] [order] [iso] [host_ab]
 #   (.whl carried: Liger and CCE for tests; serial: SERIAL_TESTS without xdist, for tests that
 #   time a launch-bound step and fail when other processes share the GPU; norms: bench_norms
 #   against torch and Liger, kernels only, one process per op so a timeout loses one op, then the
@@ -12,7 +12,9 @@
 #   e2e: bench_e2e's Llama step, eager, compile, Liger, fusewise, one process each; gated:
 #   bench_gated eager and kernels only; ab_src: the src tree in $AB_OLD (e.g. old/src, untracked)
 #   against src on bench_rotary and bench_gated (kernels only), one process per variant,
-#   alternated; Liger's rows, which neither tree touches, are the control)
+#   alternated; Liger's rows, which neither tree touches, are the control; order: order_probe.py;
+#   iso: bench_rotary and bench_gated with one process per provider; host_ab: the norms' host
+#   cost and small kernels, $AB_OLD against src, alternated)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -122,6 +124,22 @@ for what in "$@"; do
       timeout ${ISO_GATED_S:-200} python benchmarks/bench_gated.py --isolate \
         --modes fwd@graph,fwd_bwd@graph --csv "$OUT/gated_iso.csv" > "$OUT/gated_iso.txt" 2>&1
       tail -9 "$OUT/gated_iso.txt" ;;
+    host_ab)
+      # the norms' eager host cost (host_overhead.py) and their kernels at 32,768 elements, eager
+      # and replayed (bench_norms), for the src tree in $AB_OLD against src: one process per
+      # variant, alternated; torch's rows, which neither tree touches, are the control
+      C="$OUT/host_ab.csv"
+      for r in $(seq ${AB_ROUNDS:-2}); do for v in old new; do
+        P=$PWD/src; [ $v = old ] && P=$PWD/$AB_OLD
+        PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout 90 python benchmarks/with_tag.py $v \
+          benchmarks/host_overhead.py --csv $C > "/tmp/host_${v}_$r.txt" 2>&1
+        PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout 120 python benchmarks/with_tag.py $v \
+          benchmarks/bench_norms.py --dtypes bf16,fp32 --widths 256,1024,4096,16384 \
+          --elements 32768 --providers fusewise,torch --timings eager,graph --csv $C \
+          > "/tmp/host_bench_${v}_$r.txt" 2>&1
+      done; done
+      cat /tmp/host_new_1.txt
+      python benchmarks/ab_summary.py $C --a old --b new | tee "$OUT/host_ab_summary.txt" ;;
     pairs)
       (cd benchmarks && timeout ${PAIRS_S:-300} python predict_pairs.py --configs demo \
         --rounds ${ROUNDS:-8} --dump-obs "$OUT/pairs_obs.pkl.gz" 2>&1 | grep -v USDT | tail -13)

@@ -3,8 +3,10 @@ limit): fusewise against torch and, when installed, Liger; forward alone and for
 This is the overhead an eager step pays per norm (issue #14: within 1.5x of torch's native op).
 GPU only.
 
-python benchmarks/host_overhead.py [--profile]   (--profile: where fusewise's time goes, the
-    top functions of cProfile over its layer_norm forward+backward calls)
+python benchmarks/host_overhead.py [--profile] [--csv F]   (--profile: where fusewise's time
+    goes, the top functions of cProfile over its layer_norm forward+backward calls; --csv: one
+    long-format row per case and variant, the median over the rounds, in ms: with_tag.py and
+    ab_summary.py then compare two source trees)
 """
 
 import argparse
@@ -13,6 +15,7 @@ import pstats
 import statistics
 import time
 
+import _rows
 import torch
 import torch.nn.functional as F
 
@@ -99,7 +102,7 @@ def interleaved(fns: dict, rounds=9, n=300):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--csv", help="write the per-round times here")
+    ap.add_argument("--csv", help="append a row per case and variant here")
     a = ap.parse_args()
     table = cases()
     print(f"host us per eager call, {M} x {N} bf16, {torch.cuda.get_device_name()}, median of")
@@ -115,11 +118,11 @@ def main():
             + f"   fusewise/torch {statistics.median(ratios):.2f}"
             + f" [{ratios[0]:.2f}, {ratios[-1]:.2f}]"
         )
-        rows += [(case, name, i, v) for name, vs in us.items() for i, v in enumerate(vs)]
+        rows += [
+            _rows.row(case, name, "host", f"{M}x{N}", "bf16", v / 1e3, v) for name, v in med.items()
+        ]
     if a.csv:
-        with open(a.csv, "w") as f:
-            f.write("case,variant,round,host_us\n")
-            f.writelines(f"{c},{v},{i},{t:.2f}\n" for c, v, i, t in rows)
+        _rows.append_csv(a.csv, rows)
     if a.profile:
         fn = table["layer_norm fwd+bwd"]["fusewise"]
         host_us(fn, n=50)
