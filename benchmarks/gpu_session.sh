@@ -134,7 +134,7 @@ for what in "$@"; do
         PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout 90 python benchmarks/with_tag.py $v \
           benchmarks/host_overhead.py --csv $C > "/tmp/host_${v}_$r.txt" 2>&1
         PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout 120 python benchmarks/with_tag.py $v \
-          benchmarks/bench_norms.py --dtypes bf16,fp32 --widths 256,1024,4096,16384 \
+          benchmarks/bench_norms.py --dtypes bf16 --widths 256,4096,16384 \
           --elements 32768 --providers fusewise,torch --timings eager,graph --csv $C \
           > "/tmp/host_bench_${v}_$r.txt" 2>&1
       done; done
