@@ -253,9 +253,7 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
         dw_part, db_part = _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms, dx)
         return dx, *_finish_weight_grads(dw_part, db_part, weight, bias, dev)
     if plan.programs == 1:  # the kernel writes the gradients themselves
-        dw = alloc(weight.shape, weight.dtype, dev) if has_w else None
-        db = alloc(bias.shape, bias.dtype, dev) if has_b else None
-        dw_part, db_part = dw, db
+        dw_part, db_part = dw, db = _weight_grads(weight, bias, dev)
     else:
         dw_part, db_part = _partials(plan.programs, n, has_w, has_b, dev)
     setting = plan.setting
@@ -358,10 +356,16 @@ def _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms: bool, dx):
     return dw_part, db_part
 
 
-def _finish_weight_grads(dw_part, db_part, weight, bias, dev):
-    """Second stage of the weight-gradient reduction (fixed order, fp32), one launch."""
+def _weight_grads(weight, bias, dev):
+    """(dweight, dbias) buffers in the parameters' dtypes, None for an absent parameter."""
     dw = alloc(weight.shape, weight.dtype, dev) if weight is not None else None
     db = alloc(bias.shape, bias.dtype, dev) if bias is not None else None
+    return dw, db
+
+
+def _finish_weight_grads(dw_part, db_part, weight, bias, dev):
+    """Second stage of the weight-gradient reduction (fixed order, fp32), one launch."""
+    dw, db = _weight_grads(weight, bias, dev)
     part = dw_part if dw_part is not None else db_part
     if part is None:  # neither weight nor bias
         return None, None
