@@ -171,3 +171,19 @@ def test_plans_are_bounded(monkeypatch):
     for m in range(1, 20):
         norm_launch._forward_plan(m, 64, 64, 64, (True, False, False, False))
     assert len(norm_launch._fwd_plans) <= 4
+
+
+def test_backward_plan_sees_the_table_edited_in_place(monkeypatch):
+    dev = torch.device("cpu")
+    assert norm_launch._backward_plan(64, 300, "layer_norm", 2, dev) is not None
+    narrow = (norm_launch.Bwd(256, 8192, 16, 1),)  # 300 is past its widest: split kernels
+    monkeypatch.setitem(norm_launch.BWD_CONFIGS, ("layer_norm", 2), narrow)
+    assert norm_launch.use_wide_path(300, True, "layer_norm", 2)
+    assert norm_launch._backward_plan(64, 300, "layer_norm", 2, dev) is None
+
+
+def test_a_nested_input_gets_the_full_checks_messages():
+    x = torch.nested.nested_tensor([torch.randn(2, 8), torch.randn(3, 8)])
+    assert not validate.plainly_valid(x, None)
+    with pytest.raises(TypeError, match="weight must be a floating-point tensor"):
+        fusewise.ops.layer_norm(x, torch.ones(8, dtype=torch.int64))

@@ -9,6 +9,7 @@ so they run inside CUDA-graph capture.
 
 from __future__ import annotations
 
+import operator
 from typing import NamedTuple
 
 import torch
@@ -191,8 +192,8 @@ class _BwdPlan(NamedTuple):
     themselves, with no partials to sum: one launch and three allocations fewer, where a
     launch-bound call's time is the host's)."""
 
-    settings: tuple  # BWD_CONFIGS (held: an `is` check, not an id), MAX_BLOCK_N, and
-    # SINGLE_PROGRAM_ELEMENTS when it was made: tests and sweeps replace them
+    settings: tuple  # BWD_CONFIGS, its entry for the op, MAX_BLOCK_N, SINGLE_PROGRAM_ELEMENTS
+    # when it was made (held, compared by identity: tests and sweeps replace them)
     block_m: int
     block_n: int
     setting: Bwd
@@ -209,14 +210,11 @@ def _backward_plan(m: int, n: int, op: str, element_size: int, dev) -> _BwdPlan 
     """The fused kernel's schedule, or None where the split kernels take the rows."""
     key = (m, n, op, element_size, dev)
     plan = _bwd_plans.get(key)
-    if plan is not None:
-        configs, max_block_n, single = plan.settings
-        if (
-            configs is BWD_CONFIGS
-            and max_block_n == MAX_BLOCK_N
-            and single == SINGLE_PROGRAM_ELEMENTS
-        ):
-            return plan
+    # the table and its entry by identity: a table replaced or edited in place is seen
+    entry = BWD_CONFIGS.get((op, element_size))
+    settings = (BWD_CONFIGS, entry, MAX_BLOCK_N, SINGLE_PROGRAM_ELEMENTS)
+    if plan is not None and all(map(operator.is_, plan.settings, settings)):
+        return plan
     fused = _fused_setting(n, op, element_size)
     if fused is None:
         return None
@@ -228,7 +226,6 @@ def _backward_plan(m: int, n: int, op: str, element_size: int, dev) -> _BwdPlan 
         programs = 1
     else:
         programs = min(n_tiles, setting.per_sm * _programs_per_wave(dev))
-    settings = (BWD_CONFIGS, MAX_BLOCK_N, SINGLE_PROGRAM_ELEMENTS)
     plan = _BwdPlan(settings, block_m, block_n, setting, programs, cdiv(n_tiles, programs))
     _bwd_plans[key] = plan
     return plan

@@ -59,6 +59,8 @@ def plainly_valid(x: Tensor, *params: Tensor | None) -> bool:
     FakeTensor too) gets their full checks and messages."""
     if type(x) is not Tensor or x.layout is not torch.strided or x.dtype not in _FLOATS:
         return False
+    if x.is_nested:  # strided layout too, but no sizes to read: the full checks say what is wrong
+        return False
     shape = x.shape
     if not shape:
         return False
