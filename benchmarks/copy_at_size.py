@@ -66,7 +66,9 @@ def main(argv=None) -> None:
             gbps = nbytes / ms / 1e6
             per_size[name].append(gbps)
             rows.append(
-                _rows.row("copy", "torch", f"graph#{r}", name, "bf16", ms, gbps, 100 * gbps / ceiling)
+                _rows.row(
+                    "copy", "torch", f"graph#{r}", name, "bf16", ms, gbps, 100 * gbps / ceiling
+                )
             )
     if a.csv:
         _rows.append_csv(a.csv, rows)
