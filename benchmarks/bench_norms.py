@@ -192,6 +192,12 @@ def main(argv=None):
 
 def _measure(fn, op, mode, timing, prov, m, n, dname, dtype, copy_gbps, commit):
     """One row, or None when the provider cannot run the case (printed, not fatal)."""
+    if prov == "compile":
+        # a fresh compile per case: one compiled function across every width and mode hit
+        # dynamo's recompile limit (8) at the 9th and ran eagerly from then on, with only a
+        # warning (the 2026-12-04 run's rows at 16,384 and wider); hitting it now raises
+        torch._dynamo.reset()
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
     c = cost.norm(op, m, n, dtype)
     if mode == "fwd_bwd":
         c = c + cost.norm(op, m, n, dtype, backward=True)

@@ -4,6 +4,7 @@
 # Usage (in the device command): FUSEWISE_COMMIT=<sha> TESTS="tests/a.py ..." \
 #   bash benchmarks/gpu_session.sh [serial] [tests] [replay] [capture] [demo] [host] [pairs]
 #   [norms] [sweep] [ab] [rotary_sweep] [rotary] [gated] [ab_src] [e2e] [order] [iso] [host_ab]
+#   [ab_fwd] [inductor]
 #   (.whl carried: Liger and CCE for tests; serial: SERIAL_TESTS without xdist, for tests that
 #   time a launch-bound step and fail when other processes share the GPU; norms: bench_norms
 #   against torch and Liger, kernels only, one process per op so a timeout loses one op, then the
@@ -140,6 +141,24 @@ for what in "$@"; do
       done; done
       cat /tmp/host_new_1.txt
       python benchmarks/ab_summary.py $C --a old --b new | tee "$OUT/host_ab_summary.txt" ;;
+    ab_fwd)
+      # the src tree in $AB_OLD against src on the norms' forward (bench_norms, kernels only,
+      # bf16, 256-32,768) and the rotary embedding (with Liger as the control), one process per
+      # variant, alternated
+      C="$OUT/ab_fwd.csv"
+      for r in $(seq ${AB_ROUNDS:-2}); do for v in old new; do
+        P=$PWD/src; [ $v = old ] && P=$PWD/$AB_OLD
+        PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout 90 python benchmarks/with_tag.py $v \
+          benchmarks/bench_norms.py --modes fwd --timings graph --dtypes bf16 \
+          --widths ${AB_WIDTHS:-256,1024,4096,8192,16384,32768} --providers fusewise --csv $C \
+          > "/tmp/ab_norms_${v}_$r.txt" 2>&1
+        PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout 90 python benchmarks/with_tag.py $v \
+          benchmarks/bench_rotary.py --dtypes bf16 --providers fusewise,liger \
+          --modes fwd@graph,fwd_bwd@graph --csv $C > "/tmp/ab_rotary_${v}_$r.txt" 2>&1
+      done; done
+      python benchmarks/ab_summary.py $C --a old --b new | tee "$OUT/ab_fwd_summary.txt" ;;
+    inductor)
+      timeout 150 python benchmarks/inductor_code.py --out "$OUT/inductor" 2>&1 | grep -v USDT ;;
     pairs)
       (cd benchmarks && timeout ${PAIRS_S:-300} python predict_pairs.py --configs demo \
         --rounds ${ROUNDS:-8} --dump-obs "$OUT/pairs_obs.pkl.gz" 2>&1 | grep -v USDT | tail -13)

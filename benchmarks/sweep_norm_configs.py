@@ -10,6 +10,8 @@ Parts (--parts):
   bwd       the backward with the shipped settings, every width
   fwdblock  the forward's block path: elements per tile, elements per thread, most warps
   fwdwide   the forward's wide path: chunk and warps
+  fwdloop   every width on the wide path (two passes over a row, the second mostly from L2, as
+            Inductor's forward) against the shipped block path
   fused     the fused backward: elements per tile, warps, programs per SM (one setting for all
             widths up to 8192)
   fused16k  the fused backward at 16384 (warps, x and dy read again or held) against the
@@ -136,6 +138,16 @@ def settings(part: str, op: str):
     elif part == "fwdwide":
         for chunk, warps in [(16384, 16), (32768, 16), (32768, 32), (65536, 32)]:
             yield f"chunk={chunk} warps={warps}", {"WIDE_CHUNK_FWD": chunk, "WIDE_WARPS": warps}
+    elif part == "fwdloop":
+        # every width on the wide (looped, two-pass) kernel, as Inductor's forward does below
+        # 16384, against the shipped block path before and after
+        yield "shipped#1", {}
+        for chunk, warps in [(1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16)]:
+            yield (
+                f"loop chunk={chunk} warps={warps}",
+                {"MAX_BLOCK_N_FWD": 128, "WIDE_CHUNK_FWD": chunk, "WIDE_WARPS": warps},
+            )
+        yield "shipped#2", {}
     else:
         yield "shipped", {}
 
@@ -145,6 +157,7 @@ WIDTHS = {
     "bwd": BLOCK_WIDTHS + WIDE_WIDTHS,
     "fwdblock": [1024, 4096, 8192, 16384, 32768],
     "fwdwide": WIDE_WIDTHS[1:],
+    "fwdloop": [1024, 4096, 8192, 16384],
     "fused": BLOCK_WIDTHS,
     "fused16k": [16384],
     "lean": BLOCK_WIDTHS,
