@@ -225,3 +225,19 @@ def test_cost_model_and_registration():
     bwd = gated_cost.recorded("fusewise.gated_bwd.default", [g, g, g], [g, g])
     assert bwd.bytes == 5 * n * 2
     assert {"fusewise.gated_fwd.", "fusewise.gated_bwd."} <= set(fusewise.cost._REGISTERED)
+
+
+@pytest.mark.parametrize("act", sorted(ACTS))
+def test_create_graph_is_a_clear_error_not_a_dropped_term(act, device):
+    """A gradient penalty: the incoming gradient (of y.sum()) does not require grad, so torch's
+    once_differentiable let the backward return gradients without a graph, and the penalty's
+    terms through the op were silently lost. It must refuse instead."""
+    fused, _ = ACTS[act]
+    g = torch.randn(4, 16, device=device, requires_grad=True)
+    u = torch.randn(4, 16, device=device, requires_grad=True)
+    y = fused(g, u)
+    name = "swiglu" if act == "silu" else "geglu"
+    with pytest.raises(RuntimeError, match=rf"fusewise.ops.{name} has no second derivative"):
+        torch.autograd.grad(y.sum(), g, create_graph=True)
+    (dg,) = torch.autograd.grad(fused(g, u).sum(), g)  # without create_graph: as before
+    assert not dg.requires_grad

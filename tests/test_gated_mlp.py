@@ -140,13 +140,30 @@ def test_bf16_error_no_larger_than_unpatched(family, device):
         assert err <= 2 * err_hf + 1e-2 * exact.abs().max().item(), (err, err_hf)
 
 
-def test_retain_graph_second_backward_raises(device):
+@pytest.mark.parametrize("hooks", [False, True])
+def test_retain_graph_second_backward_raises_and_says_why(hooks, device):
+    """gate and up hold their gradients after the first backward. A saved-tensor hook that packs
+    by reference skips autograd's version check: the second backward then read gradients as
+    activations and returned wrong gradients without a word. It must refuse either way."""
     mlp, _ = _patched(_mlp("llama", device))
     x, dy = _inputs(mlp, device)
-    y = mlp(x.requires_grad_())
+    x.requires_grad_()
+    if hooks:
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            y = mlp(x)
+    else:
+        y = mlp(x)
     y.backward(dy, retain_graph=True)
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+    with pytest.raises(RuntimeError, match="second backward through it"):
         y.backward(dy)
+
+
+def test_create_graph_through_the_fused_mlp_is_a_clear_error(device):
+    mlp, _ = _patched(_mlp("llama", device))
+    x, _ = _inputs(mlp, device)
+    y = mlp(x.requires_grad_())
+    with pytest.raises(RuntimeError, match="fusewise.ops.swiglu has no second derivative"):
+        torch.autograd.grad(y.sum(), x, create_graph=True)
 
 
 @pytest.mark.parametrize("family", ["llama", "phi3"])

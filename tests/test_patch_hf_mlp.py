@@ -14,6 +14,7 @@ from hf_tiny import causal_lm
 from transformers.models.llama.modeling_llama import LlamaMLP
 
 import fusewise
+from fusewise.ops import _dispatch
 from fusewise.patch import LEFT_ALONE, SWAPPED, _swap, hf_mlp
 
 FP32 = dict(atol=1e-5, rtol=1e-4)
@@ -185,3 +186,31 @@ def test_activations_flag_off_leaves_mlps():
         "norm",
         "activation",
     }
+
+
+@pytest.mark.parametrize("family", ["llama", "phi3"])
+def test_activation_replaced_after_patching_is_used(family, device):
+    """The patched forward read the activation decided at patch time: a later mlp.act_fn = ...
+    was ignored and the logits silently differed from the unpatched model's. A supported one is
+    now fused, anything else runs the MLP's own forward with a warning."""
+    model = causal_lm(family).to(device)
+    ref = copy.deepcopy(model)
+    fusewise.patch(model, norms=False, loss=False, rotary=False)
+    attr = "activation_fn" if family == "phi3" else "act_fn"
+    ids = torch.randint(3, 128, (2, 8), device=device)
+    for new, fused in [(torch.nn.GELU(approximate="tanh"), True), (torch.nn.ReLU(), False)]:
+        for m in (model, ref):
+            setattr(m.model.layers[0].mlp, attr, copy.deepcopy(new))
+        _dispatch.forget_paths()
+        if fused:
+            out, grads = _run(model, ids)
+            assert fusewise.ops.paths().get("geglu") not in (None, "reference")
+        else:
+            with pytest.warns(UserWarning, match=rf"{attr} was replaced after fusewise.patch"):
+                out, grads = _run(model, ids)
+        want, want_grads = _run(ref, ids)
+        torch.testing.assert_close(out.logits, want.logits, **FP32)
+        for name in want_grads:
+            torch.testing.assert_close(grads[name], want_grads[name], **FP32, msg=name)
+    # the layer left alone keeps its fused activation
+    assert getattr(model.model.layers[1].mlp, hf_mlp.ACT_ATTR) == "silu"

@@ -536,3 +536,25 @@ def test_attention_classes_of_every_modeling_module_recognised():
     assert recognised >= 150  # 161 of 181 in transformers 5.17
     for key in ("modeling_llama.LlamaAttention", "modeling_gptj.GPTJAttention"):
         assert not isinstance(verdicts[key], str), key
+
+
+def test_a_forward_that_does_not_call_it_on_the_probe_is_left_alone():
+    """DeepSeek-V3 (rope_interleave=True, its default) calls apply_rotary_pos_emb_interleave;
+    apply_rotary_pos_emb only in the other branch. Both forwards then ran HF's code, agreed,
+    and the report said swapped while the op never ran."""
+    if not hasattr(tf, "DeepseekV3Config"):
+        pytest.skip("this transformers has no DeepSeek-V3")
+    config = dict(_COMMON, num_key_value_heads=4, moe_intermediate_size=16, n_routed_experts=4)
+    config |= dict(num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1)
+    config |= dict(q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8)
+    config |= dict(v_head_dim=8)
+    for interleave, action in [(True, LEFT_ALONE), (False, SWAPPED)]:
+        model = _build(
+            "DeepseekV3Config", "DeepseekV3ForCausalLM", **config, rope_interleave=interleave
+        )
+        report = fusewise.patch(model, norms=False, loss=False, activations=False)
+        rotary = [c for c in report if c.what == "rotary"]
+        assert len(rotary) == 2 and all(c.action == action for c in rotary), rotary
+        if action == LEFT_ALONE:
+            assert all("did not call apply_rotary_pos_emb on a probe" in c.reason for c in rotary)
+            assert not any(_swap.is_patched(m) for m in model.modules())

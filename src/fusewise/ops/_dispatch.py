@@ -47,6 +47,21 @@ def wants_grad(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def refuse_create_graph(op: str, hint: str = "") -> None:
+    """First thing in a backward that has no second derivative. Grad mode is on there only under
+    create_graph=True (a gradient penalty, a Hessian-vector product), and the kernels' gradients
+    carry no graph: their own derivatives would silently be left out. torch's
+    once_differentiable notices only when the incoming gradient requires grad, which the
+    gradient of y.sum() does not (so the penalty's terms through the op were dropped)."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            f"fusewise.ops.{op} has no second derivative: its gradients carry no graph, so "
+            f"differentiating them (create_graph=True: a gradient penalty, a Hessian-vector "
+            f"product) would silently leave out its terms. Use fusewise.ops.reference.{op} "
+            f"there{hint}."
+        )
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 

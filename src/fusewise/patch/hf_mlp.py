@@ -10,7 +10,9 @@ source is compared with FORWARDS in tests/test_patch_hf_mlp.py):
 
 Its activation module decides the op (ACTIVATIONS, by exact class): SiLU -> swiglu; GELU exact ->
 geglu(approximate="none"); the tanh GELUs -> geglu(approximate="tanh"). Anything else (ReLU, a
-subclass, a forward set on the instance) leaves the MLP alone, with the reason. The swapped class
+subclass, a forward set on the instance) leaves the MLP alone, with the reason. An activation
+replaced after patching is decided again on the next call; one without a fused kernel runs the
+MLP's own forward, with a warning. The swapped class
 derives from FusedGatedMLP (or FusedGateUpMLP) and the MLP's own class, so the object, its
 Parameters and state_dict keys stay; the activation is kept on the instance (_swap.set_attr), so
 unpatch removes it. Mixtral's experts are not this shape and are not looked at.
@@ -38,6 +40,8 @@ is left alone until its weights are loaded.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .. import ops
@@ -46,7 +50,8 @@ from ..ops.gated.down import gated_down
 from . import _probe, _swap
 from .report import Change
 
-ACT_ATTR = "_fusewise_gated_act"
+ACT_ATTR = "_fusewise_gated_act"  # the kernel's act, decided at patch time
+ACT_MODULE_ATTR = "_fusewise_gated_act_module"  # the activation module it was decided for
 SEPARATE = "separate"  # gate_proj, up_proj, down_proj, act_fn
 GATE_UP = "gate_up"  # gate_up_proj (chunked), down_proj, activation_fn
 
@@ -149,13 +154,33 @@ def _autocast_to_another_dtype(t: torch.Tensor) -> bool:
     return torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) != t.dtype
 
 
+def _activation(mlp, layout: str) -> str | None:
+    """The kernel's act for the MLP's activation as it is now: the one decided at patch time
+    while the module is the same object, else decided again (a user who sets mlp.act_fn after
+    patching gets that activation); None, said in a warning, when it has no fused kernel."""
+    attr = _ACT_ATTR_OF[layout]
+    module = getattr(mlp, attr, None)
+    if module is mlp.__dict__[ACT_MODULE_ATTR]:
+        return mlp.__dict__[ACT_ATTR]
+    act, reason = activation_of(module)
+    if act is None:
+        warnings.warn(
+            f"fusewise: {type(mlp).__name__}.{attr} was replaced after fusewise.patch and "
+            f"{reason.replace('its activation', 'the new one')}: the MLP runs its own forward",
+            stacklevel=3,
+        )
+    return act
+
+
 class FusedGatedMLP:
     """down_proj(act(gate_proj(x)) * up_proj(x)) with the product fused (and, see _down, the
     down projection with it); first base of the swapped class (_swap.subclass), so its forward
     wins."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        act = getattr(self, ACT_ATTR)
+        act = _activation(self, SEPARATE)
+        if act is None:
+            return _swap.original_class(self).forward(self, x)
         gate, up = self.gate_proj(x), self.up_proj(x)
         return _down(self, gate, up, act, (self.gate_proj, self.up_proj))
 
@@ -165,7 +190,9 @@ class FusedGateUpMLP:
     written) in place."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        act = getattr(self, ACT_ATTR)
+        act = _activation(self, GATE_UP)
+        if act is None:
+            return _swap.original_class(self).forward(self, hidden_states)
         gate, up = self.gate_up_proj(hidden_states).chunk(2, dim=-1)
         return _down(self, gate, up, act, (self.gate_up_proj,))
 
@@ -227,6 +254,7 @@ def patch_module(name: str, module: torch.nn.Module) -> Change | None:
         return alone(weight)
 
     _swap.set_attr(module, ACT_ATTR, act)
+    _swap.set_attr(module, ACT_MODULE_ATTR, getattr(module, _ACT_ATTR_OF[layout]))
     # bf16/fp16: 4 ulps (HF rounds act(gate) before the product, the fused op does not), of
     # |original| + max |original|
     mismatch = _probe.swap_checked(

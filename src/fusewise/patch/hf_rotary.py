@@ -27,9 +27,11 @@ Every swap is checked before it is kept: the original and the rebuilt forward ru
 one gives a [2, 5, Dr] pair with an even Dr <= head_dim, else cos/sin of random angles over
 head_dim; position_ids and attention_mask=None where forward takes them), in eval mode (no
 dropout), in the weights' dtype, and every tensor they return must agree within 1e-5 (fp32) or 4
-ulps (bf16/fp16: HF rounds each product, the op rounds once) of |original| + max |original|. On a
-mismatch, or anything the probe raises, the class is restored and the module reported as left
-alone with what happened.
+ulps (bf16/fp16: HF rounds each product, the op rounds once) of |original| + max |original|. The
+rebuilt forward must also have called the adaptor on the probe (a forward that takes another
+branch, as DeepSeek-V3's with rope_interleave, agrees trivially and gains nothing). On a
+mismatch, no call, or anything the probe raises, the class is restored and the module reported
+as left alone with what happened.
 """
 
 from __future__ import annotations
@@ -227,13 +229,28 @@ def _probe_attention(module, original, weight, model) -> str | None:
         kwargs["attention_mask"] = None
     modes = {m: m.training for m in module.modules()}
     module.eval()  # dropout off in both runs
+    # the rebuilt forward's globals: its adaptor counted while it runs on the probe
+    rebuilt_globals = inspect.unwrap(type(module).forward).__globals__
+    adaptor, calls = rebuilt_globals[GLOBAL], []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return adaptor(*args, **kwargs)
+
+    rebuilt_globals[GLOBAL] = counted
     try:
         with torch.no_grad():
             want = original(module, x, **kwargs)
             got = type(module).forward(module, x, **kwargs)
     finally:
+        rebuilt_globals[GLOBAL] = adaptor
         for m, mode in modes.items():
             m.training = mode
+    if not calls:  # outputs agree trivially: both ran HF's other code
+        return (
+            f"its forward did not call {GLOBAL} on a probe (it took another branch, e.g. "
+            f"DeepSeek-V3's rope_interleave), so there is nothing to swap"
+        )
     return _differs(got, want)
 
 

@@ -10,10 +10,11 @@ the backward's peak is gate, up, h and dh (4 [tokens, I] tensors) while dweight 
 
 overwrite_inputs=True also writes dgate and dup over gate and up (launch.gated_backward's out=),
 so the gated backward allocates nothing of their size. Only for a caller that owns gate and up:
-fresh outputs of the input projections that nothing else holds (hf_mlp.py decides). After the
-write their version counters are bumped, so a second backward through the same graph
-(retain_graph=True) raises autograd's "modified by an inplace operation" error instead of
-reading gradients as activations. The public ops (swiglu, geglu) never overwrite their inputs.
+fresh outputs of the input projections that nothing else holds (hf_mlp.py decides). A second
+backward through the same graph (retain_graph=True) then raises a RuntimeError that says so
+instead of reading gradients as activations; the version counters of gate and up are bumped
+too, for anything else that kept them. The public ops (swiglu, geglu) never overwrite their
+inputs. Neither has a second derivative (create_graph=True raises: _dispatch.refuse_create_graph).
 
 Eager only: under torch.compile or a dispatch mode (_dispatch.through_custom_op) the caller keeps
 the custom op followed by its own down projection. Same kernels and reference fallback as op.py.
@@ -25,7 +26,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .op import _rows, backward_impl, forward_impl
+from .. import _dispatch
+from .op import _NAMES, UNPATCH_HINT, _rows, backward_impl, forward_impl
+
+_SECOND_BACKWARD = (
+    "fusewise.patch's fused MLP has run its backward once on this graph and written the "
+    "gradients of gate and up over them (one [tokens, intermediate] buffer fewer each), so a "
+    "second backward through it (retain_graph=True, two losses sharing one forward) cannot run. "
+    "Sum the losses and call backward once, or use fusewise.unpatch(model) / patch with "
+    "activations=False for this model."
+)
 
 
 def gated_down(
@@ -62,8 +72,14 @@ class _GatedDownFunction(torch.autograd.Function):
         return y.view(*gate.shape[:-1], weight.shape[0])
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # double backward: a clear error, not zeros
     def backward(ctx, dy):
+        _dispatch.refuse_create_graph(_NAMES[ctx.act], UNPATCH_HINT)
+        if ctx.overwrite_inputs:
+            # Said here, before the unpack: a saved-tensor hook that packs by reference skips
+            # the version check, and the second backward would read gradients as activations.
+            if getattr(ctx, "overwritten", False):
+                raise RuntimeError(_SECOND_BACKWARD)
+            ctx.overwritten = True
         gate, up, weight, bias = ctx.saved_tensors
         need_dgate, need_dup, need_dw, need_db = ctx.needs_input_grad[:4]
         g2, u2 = _rows(gate), _rows(up)

@@ -111,8 +111,6 @@ class _NormFunction(torch.autograd.Function):
         # autograd's device thread for the same answer.
         _dispatch.record_path(ctx.backward_name, ctx.path)
         impl = reference.norm_backward if ctx.path == _dispatch.REFERENCE else launch.norm_backward
-        if torch.is_grad_enabled():  # create_graph=True: a double backward must be an error
-            return _backward_once(ctx, dy, dh, impl)
         return _backward(ctx, dy, dh, impl)
 
 
@@ -123,6 +121,7 @@ def _save(ctx, x, residual, weight, bias, is_rms, h, mean, rstd):
 
 
 def _backward(ctx, dy, dh, impl):
+    _dispatch.refuse_create_graph(launch.op_name(ctx.is_rms, ctx.has_residual), _UNPATCH_HINT)
     dh = dh if ctx.has_residual else None
     if dy is None and dh is not None:
         # Only h = x + residual reached the loss: its gradient passes to x and residual as it
@@ -143,8 +142,7 @@ def _backward(ctx, dy, dh, impl):
     )
 
 
-# Double backward: a clear error when attempted, not zeros.
-_backward_once = torch.autograd.function.once_differentiable(_backward)
+_UNPATCH_HINT = " (a model patched by fusewise.patch: fusewise.unpatch, or patch with norms=False)"
 
 
 def _rows(t: Tensor | None) -> Tensor | None:
