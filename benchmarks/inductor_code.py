@@ -8,6 +8,7 @@ compared line by line with the one it races: eviction hints, block sizes, warps,
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 
@@ -25,7 +26,26 @@ def _write(out: str, name: str, codes: list[str]) -> None:
     path = os.path.join(out, f"{name}.py")
     with open(path, "w") as f:
         f.write("\n\n# ----- next module -----\n\n".join(codes))
-    print(f"# {path}: {sum(c.count('@triton.jit') for c in codes)} Triton kernels")
+        f.write(f"\n\n# the configs Inductor launched (after autotuning):\n# {_chosen()}\n")
+    print(f"# {path}: {sum(c.count('@triton.jit') for c in codes)} Triton kernels; {_chosen()}")
+
+
+def _chosen() -> list[str]:
+    """The launch configs of the Triton kernels Inductor has loaded: its autotuner keeps the one
+    it picked as its only launcher."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    seen = []
+    for obj in gc.get_objects():
+        try:
+            tuner = isinstance(obj, CachingAutotuner)
+        except ReferenceError:  # a weak proxy whose object is gone
+            continue
+        if tuner:
+            for launcher in getattr(obj, "launchers", []):
+                config = launcher.config
+                seen.append(f"{obj.fn.__name__}: {config.kwargs} warps={config.num_warps}")
+    return seen
 
 
 def main(argv=None) -> None:
@@ -39,6 +59,7 @@ def main(argv=None) -> None:
     dev = torch.device("cuda")
     for op, n in NORMS:
         torch._dynamo.reset()
+        gc.collect()  # the previous case's kernels, so _chosen lists this one's
         m = ELEMENTS // n
         x = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
         r = torch.randn_like(x) if op == "add_rms_norm" else None
