@@ -31,6 +31,10 @@ WIDTHS = [1024, 4096, 8192, 16384]
 ELEMENTS = 1 << 27
 # (rows a program, chunk, warps); chunk 0 means the whole row in one chunk
 CONFIGS = [(1, 1024, 4), (1, 2048, 4), (1, 2048, 8), (1, 4096, 8), (2, 1024, 4), (1, 0, 8)]
+# what Inductor's autotuner launched (inductor_code.py, 2026-12-04): at 8,192 one row of 8,192 on
+# 16 warps (so two loops of one chunk each: x held in no register across the reduction); at
+# 1,024 one row a program on one warp
+INDUCTOR_CONFIGS = [(1, 0, 16), (1, 0, 32), (1, 0, 1), (1, 0, 2), (4, 0, 4)]
 
 
 @triton.jit
@@ -87,6 +91,7 @@ def loop_rms(x, w, rows, chunk, warps, hints):
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--csv")
+    p.add_argument("--inductor", action="store_true", help="INDUCTOR_CONFIGS, not CONFIGS")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("sweep_fwd_loop.py times GPU kernels; no CUDA device is present")
@@ -95,7 +100,7 @@ def main(argv=None) -> None:
     print(f"# copy ceiling {ceiling:,.0f} GB/s; % of it, RMSNorm forward bf16, {ELEMENTS} elements")
     print(f"{'variant':>34}: " + " ".join(f"{n:>6}" for n in WIDTHS))
     variants = [("shipped#1", lambda x, w: fusewise.ops.rms_norm(x, w, 1e-6))]
-    for rows, chunk, warps in CONFIGS:
+    for rows, chunk, warps in INDUCTOR_CONFIGS if a.inductor else CONFIGS:
         for hints in (False, True):
             label = f"loop rows={rows} chunk={chunk or 'N'} warps={warps} hints={int(hints)}"
             variants.append((label, lambda x, w, c=(rows, chunk, warps, hints): loop_rms(x, w, *c)))
