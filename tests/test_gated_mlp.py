@@ -158,6 +158,25 @@ def test_retain_graph_second_backward_raises_and_says_why(hooks, device):
         y.backward(dy)
 
 
+def test_retain_graph_twice_runs_when_nothing_was_overwritten(device):
+    """Only down_proj trains and x needs no gradient: gate and up get no gradient, nothing is
+    written over them, and a retained graph's second backward must run (the first version of
+    the flag refused it)."""
+    mlp = _mlp("llama", device)
+    patched, _ = _patched(mlp)
+    x, dy = _inputs(mlp, device)
+    grads = []
+    for m in (patched, mlp):
+        for name, p in m.named_parameters():
+            p.requires_grad_(name.startswith("down_proj"))
+        m.zero_grad(set_to_none=True)
+        y = m(x)
+        y.backward(dy, retain_graph=True)
+        y.backward(dy)
+        grads.append(m.down_proj.weight.grad)
+    torch.testing.assert_close(grads[0], grads[1], **FP32)
+
+
 def test_create_graph_through_the_fused_mlp_is_a_clear_error(device):
     mlp, _ = _patched(_mlp("llama", device))
     x, _ = _inputs(mlp, device)

@@ -214,3 +214,32 @@ def test_activation_replaced_after_patching_is_used(family, device):
             torch.testing.assert_close(grads[name], want_grads[name], **FP32, msg=name)
     # the layer left alone keeps its fused activation
     assert getattr(model.model.layers[1].mlp, hf_mlp.ACT_ATTR) == "silu"
+
+
+def test_a_model_patched_before_the_activation_module_was_kept_still_runs(device):
+    """A patched model pickled by an earlier fusewise has ACT_ATTR but not ACT_MODULE_ATTR: it
+    must still run (the activation decided again), not raise KeyError."""
+    model = causal_lm("llama").to(device)
+    ref = copy.deepcopy(model)
+    fusewise.patch(model, norms=False, loss=False, rotary=False)
+    for m in model.modules():
+        m.__dict__.pop(hf_mlp.ACT_MODULE_ATTR, None)
+        m.__dict__.get(_swap.SAVED_ATTRS, {}).pop(hf_mlp.ACT_MODULE_ATTR, None)
+    ids = torch.randint(3, 128, (2, 8), device=device)
+    out, grads = _run(model, ids)
+    want, want_grads = _run(ref, ids)
+    torch.testing.assert_close(out.logits, want.logits, **FP32)
+    for name in want_grads:
+        torch.testing.assert_close(grads[name], want_grads[name], **FP32, msg=name)
+
+
+def test_compiled_after_an_unsupported_activation_is_set(device):
+    """The fallback's warning cannot be traced: under torch.compile(fullgraph=True) the MLP's
+    own forward runs without it."""
+    mlp = causal_lm("llama").model.layers[0].mlp.to(device)
+    ref = copy.deepcopy(mlp)
+    fusewise.patch(mlp, norms=False, loss=False, rotary=False)
+    mlp.act_fn, ref.act_fn = torch.nn.ReLU(), torch.nn.ReLU()
+    x = torch.randn(2, 5, 32, device=device)
+    compiled = torch.compile(mlp, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), ref(x), **FP32)

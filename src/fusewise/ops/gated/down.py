@@ -74,12 +74,10 @@ class _GatedDownFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         _dispatch.refuse_create_graph(_NAMES[ctx.act], UNPATCH_HINT)
-        if ctx.overwrite_inputs:
-            # Said here, before the unpack: a saved-tensor hook that packs by reference skips
-            # the version check, and the second backward would read gradients as activations.
-            if getattr(ctx, "overwritten", False):
-                raise RuntimeError(_SECOND_BACKWARD)
-            ctx.overwritten = True
+        # Said here, before the unpack: a saved-tensor hook that packs by reference skips the
+        # version check, and a second backward would read gradients as activations.
+        if getattr(ctx, "overwritten", False):
+            raise RuntimeError(_SECOND_BACKWARD)
         gate, up, weight, bias = ctx.saved_tensors
         need_dgate, need_dup, need_dw, need_db = ctx.needs_input_grad[:4]
         g2, u2 = _rows(gate), _rows(up)
@@ -97,7 +95,8 @@ class _GatedDownFunction(torch.autograd.Function):
             dg2, du2 = backward_impl(dh, g2, u2, ctx.act, need_dgate, need_dup, out=out)
             del dh
             if out is not None:
-                # gate and up now hold their gradients: a later unpack of them must fail
+                # gate and up now hold their gradients: a later backward, or unpack, must fail
+                ctx.overwritten = True
                 torch.autograd.graph.increment_version(gate)
                 torch.autograd.graph.increment_version(up)
             dgate = dg2.view(gate.shape) if need_dgate else None
