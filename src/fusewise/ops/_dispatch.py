@@ -47,7 +47,7 @@ def wants_grad(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def refuse_create_graph(op: str, hint: str = "") -> None:
+def refuse_create_graph(op: str, patch_flag: str) -> None:
     """First thing in a backward that has no second derivative. Grad mode is on there only under
     create_graph=True (a gradient penalty, a Hessian-vector product), and the kernels' gradients
     carry no graph: their own derivatives would silently be left out. torch's
@@ -58,7 +58,8 @@ def refuse_create_graph(op: str, hint: str = "") -> None:
             f"fusewise.ops.{op} has no second derivative: its gradients carry no graph, so "
             f"differentiating them (create_graph=True: a gradient penalty, a Hessian-vector "
             f"product) would silently leave out its terms. Use fusewise.ops.reference.{op} "
-            f"there{hint}."
+            f"there (a model patched by fusewise.patch: fusewise.unpatch, or patch with "
+            f"{patch_flag}=False)."
         )
 
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import _dispatch
-from .op import _NAMES, UNPATCH_HINT, _rows, backward_impl, forward_impl
+from .op import _NAMES, _rows, backward_impl, forward_impl
 
 _SECOND_BACKWARD = (
     "fusewise.patch's fused MLP has run its backward once on this graph and written the "
@@ -73,7 +73,7 @@ class _GatedDownFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        _dispatch.refuse_create_graph(_NAMES[ctx.act], UNPATCH_HINT)
+        _dispatch.refuse_create_graph(_NAMES[ctx.act], "activations")
         # Said here, before the unpack: a saved-tensor hook that packs by reference skips the
         # version check, and a second backward would read gradients as activations.
         if getattr(ctx, "overwritten", False):

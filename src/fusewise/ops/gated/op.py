@@ -78,13 +78,8 @@ def _save(ctx, gate, up, act):
     ctx.save_for_backward(gate, up)
 
 
-UNPATCH_HINT = (
-    " (a model patched by fusewise.patch: fusewise.unpatch, or patch with activations=False)"
-)
-
-
 def _backward(ctx, dy, impl):
-    _dispatch.refuse_create_graph(_NAMES[ctx.act], UNPATCH_HINT)
+    _dispatch.refuse_create_graph(_NAMES[ctx.act], "activations")
     gate, up = ctx.saved_tensors
     need_dgate, need_dup = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     dg, du = impl(_rows(dy), gate, up, ctx.act, need_dgate, need_dup)

@@ -50,8 +50,7 @@ class _LinearCE(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        if torch.is_grad_enabled():  # create_graph=True; once_differentiable would let it pass
-            raise RuntimeError(_NO_SECOND_DERIVATIVE)
+        _dispatch.refuse_create_graph("linear_cross_entropy", "loss")
         if ctx.fused:
             if ctx.used:  # the saved gradients have been scaled in place already
                 raise RuntimeError(_second_backward(ctx))
@@ -63,14 +62,6 @@ class _LinearCE(torch.autograd.Function):
         else:
             dh, dw, db = backward(grad_out, *ctx.saved_tensors, *ctx.args)
         return dh, dw, None, db, None, None, None, None
-
-
-_NO_SECOND_DERIVATIVE = (
-    "fusewise.ops.linear_cross_entropy has no second derivative: its gradients carry no graph, "
-    "so differentiating them (create_graph=True: a gradient penalty, a Hessian-vector product) "
-    "would silently leave out its terms. Use fusewise.ops.reference.linear_cross_entropy where "
-    "higher-order gradients are needed."
-)
 
 
 def _second_backward(ctx) -> str:

@@ -121,7 +121,7 @@ def _save(ctx, x, residual, weight, bias, is_rms, h, mean, rstd):
 
 
 def _backward(ctx, dy, dh, impl):
-    _dispatch.refuse_create_graph(launch.op_name(ctx.is_rms, ctx.has_residual), _UNPATCH_HINT)
+    _dispatch.refuse_create_graph(launch.op_name(ctx.is_rms, ctx.has_residual), "norms")
     dh = dh if ctx.has_residual else None
     if dy is None and dh is not None:
         # Only h = x + residual reached the loss: its gradient passes to x and residual as it
@@ -140,9 +140,6 @@ def _backward(ctx, dy, dh, impl):
         None,
         None,
     )
-
-
-_UNPATCH_HINT = " (a model patched by fusewise.patch: fusewise.unpatch, or patch with norms=False)"
 
 
 def _rows(t: Tensor | None) -> Tensor | None:
