@@ -1,6 +1,7 @@
 """Host time per eager call at a launch-bound size (8 x 4,096 bf16, so the GPU is never the
 limit): fusewise against torch and, when installed, Liger; forward alone and forward+backward.
 This is the overhead an eager step pays per norm (issue #14: within 1.5x of torch's native op).
+"floor" is the least any Python autograd.Function launching a Triton kernel pays (_Floor).
 GPU only.
 
 python benchmarks/host_overhead.py [--profile] [--csv F]   (--profile: where fusewise's time
@@ -18,8 +19,11 @@ import time
 import _rows
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 import fusewise
+from fusewise.ops._launch import launch
 
 M, N = 8, 4096
 
@@ -42,6 +46,82 @@ def inputs():
     w = torch.randn(N, **kw, requires_grad=True)
     b = torch.randn(N, **kw, requires_grad=True)
     return x, w, b, torch.randn(M, N, **kw)
+
+
+@triton.jit
+def _nothing_kernel(p0, p1, p2, p3, p4, p5, p6, p7, i0, i1, i2, i3, i4, i5, eps, X: tl.constexpr):
+    """Arguments as many as a norm kernel's, and no work: its launch is all that costs."""
+    pass
+
+
+class _Floor(torch.autograd.Function):
+    """The least a Python autograd.Function over a Triton kernel can do per call: allocate its
+    outputs and launch one kernel each way through fusewise's direct launcher, no checks, no
+    plans. What fusewise's op costs beyond this is fusewise's; this much is the architecture's
+    (a C++ op, as torch's, pays none of it)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        y = torch.empty_like(x)
+        stats = torch.empty(x.shape[0], device=x.device, dtype=torch.float32)
+        launch(
+            _nothing_kernel,
+            (1,),
+            x,
+            w,
+            b,
+            y,
+            stats,
+            stats,
+            x,
+            x,
+            8,
+            4096,
+            4096,
+            4096,
+            1,
+            1,
+            1e-5,
+            X=1,
+        )
+        ctx.save_for_backward(x, w, b, stats)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, b, stats = ctx.saved_tensors
+        dx, dw, db = torch.empty_like(x), torch.empty_like(w), torch.empty_like(b)
+        launch(
+            _nothing_kernel,
+            (1,),
+            x,
+            w,
+            dy,
+            dx,
+            stats,
+            stats,
+            dw,
+            db,
+            8,
+            4096,
+            4096,
+            4096,
+            1,
+            1,
+            1e-5,
+            X=1,
+        )
+        return dx, dw, db
+
+
+def _floor_fwd(x, w, b):
+    """The floor without autograd (what a forward that needs no gradient pays)."""
+    y = torch.empty_like(x)
+    stats = torch.empty(x.shape[0], device=x.device, dtype=torch.float32)
+    launch(
+        _nothing_kernel, (1,), x, w, b, y, stats, stats, x, x, 8, 4096, 4096, 4096, 1, 1, 1e-5, X=1
+    )
+    return y
 
 
 def cases():
@@ -70,6 +150,9 @@ def cases():
             "torch": fwd_bwd(lambda: F.rms_norm(x, (N,), w), x, w),
         },
     }
+    for case in ("layer_norm", "rms_norm"):
+        out[f"{case} fwd"]["floor"] = lambda: _floor_fwd(xd, wd, bd)
+        out[f"{case} fwd+bwd"]["floor"] = fwd_bwd(lambda: _Floor.apply(x, w, b), x, w, b)
     try:
         from liger_kernel.ops.layer_norm import LigerLayerNormFunction
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction

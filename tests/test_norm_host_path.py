@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from norm_cases import DTYPES, OPS, SLACK, make_inputs
+from norm_cases import DTYPES, OPS, SLACK, fused, make_inputs
 from test_norm_numerics import check
 
 import fusewise
@@ -187,3 +187,35 @@ def test_a_nested_input_gets_the_full_checks_messages():
     assert not validate.plainly_valid(x, None)
     with pytest.raises(TypeError, match="weight must be a floating-point tensor"):
         fusewise.ops.layer_norm(x, torch.ones(8, dtype=torch.int64))
+
+
+@pytest.mark.parametrize(
+    "shape, strided, unmasked",
+    [
+        ((16, 256), False, True),  # 8-row tiles, 2 of them: no masks
+        ((16, 256), True, True),  # rows strided by 261: still whole tiles
+        ((2, 3, 256), False, False),  # 6 rows: a ragged last tile
+        ((16, 200), False, False),  # narrower than the 256 block
+    ],
+)
+@pytest.mark.parametrize("dname", ["fp32", "bf16"])
+@pytest.mark.parametrize("op", OPS)
+def test_unmasked_forward_only_on_whole_tiles(
+    op, dname, shape, strided, unmasked, device, monkeypatch
+):
+    """The forward drops its masks exactly when every tile lies inside the tensor, and gives
+    the bits the masked kernel gives, both held to eager PyTorch's error against float64."""
+    dtype = DTYPES[dname]
+    a = make_inputs(op, shape, dtype, device, strided=strided)
+    x = a["x"].reshape(-1, shape[-1])
+    flags = (op != "layer_norm", True, op == "layer_norm", op == "add_rms_norm")
+    plan_args = (x.shape[0], x.shape[1], x.stride(0), x.shape[1], flags)
+    assert norm_launch._forward_plan(*plan_args).meta["EVEN"] is unmasked
+    check(op, a, SLACK[dtype])
+    with torch.no_grad():
+        unmasked_out = fused(op, a)
+        monkeypatch.setattr(norm_launch, "FWD_UNMASKED", False)
+        assert not norm_launch._forward_plan(*plan_args).meta["EVEN"]
+        masked_out = fused(op, a)
+    for got, want in zip(unmasked_out, masked_out):
+        assert torch.equal(got, want)

@@ -22,17 +22,44 @@ from .._launch import round_to as _round
 
 
 @triton.jit
+def _load(ptrs, mask, EVEN: tl.constexpr):
+    """tl.load, unmasked where the tile lies wholly inside the tensor (EVEN)."""
+    if EVEN:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _store(ptrs, value, mask, EVEN: tl.constexpr):
+    if EVEN:
+        tl.store(ptrs, value)
+    else:
+        tl.store(ptrs, value, mask=mask)
+
+
+@triton.jit
 def _load_row_tile(
-    X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES: tl.constexpr, STORE_H: tl.constexpr
+    X,
+    R,
+    H,
+    rows,
+    cols,
+    mask,
+    stride_x,
+    stride_r,
+    N,
+    HAS_RES: tl.constexpr,
+    STORE_H: tl.constexpr,
+    EVEN: tl.constexpr = False,
 ):
     """Load x (or x + residual, rounded to the activation dtype and optionally stored) as fp32."""
     rows64 = rows.to(tl.int64)
-    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    x = _load(X + rows64[:, None] * stride_x + cols[None, :], mask, EVEN)
     if HAS_RES:
-        r = tl.load(R + rows64[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
+        r = _load(R + rows64[:, None] * stride_r + cols[None, :], mask, EVEN)
         h = _round(x.to(tl.float32) + r.to(tl.float32), X.dtype.element_ty)
         if STORE_H:
-            tl.store(H + rows64[:, None] * N + cols[None, :], h, mask=mask)
+            _store(H + rows64[:, None] * N + cols[None, :], h, mask, EVEN)
         x = h
     return x.to(tl.float32)
 
@@ -58,30 +85,32 @@ def norm_fwd_block_kernel(
     HAS_RES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    EVEN: tl.constexpr = False,
 ):
-    """Reads x [M, N] (and residual) once, writes y (and h) once, plus rstd (and mean) per row."""
+    """Reads x [M, N] (and residual) once, writes y (and h) once, plus rstd (and mean) per row.
+    EVEN: N == BLOCK_N and BLOCK_M divides M, so no load or store needs a mask."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     row_ok = rows < M
     col_ok = cols < N
     mask = row_ok[:, None] & col_ok[None, :]
-    x = _load_row_tile(X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES, True)
+    x = _load_row_tile(X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES, True, EVEN)
     if IS_RMS:
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
         y = x * rstd[:, None]
     else:
         mean = tl.sum(x, axis=1) / N
-        xc = tl.where(mask, x - mean[:, None], 0.0)
+        xc = x - mean[:, None] if EVEN else tl.where(mask, x - mean[:, None], 0.0)
         rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
         y = xc * rstd[:, None]
-        tl.store(Mean + rows, mean, mask=row_ok)
-    tl.store(Rstd + rows, rstd, mask=row_ok)
+        _store(Mean + rows, mean, row_ok, EVEN)
+    _store(Rstd + rows, rstd, row_ok, EVEN)
     if HAS_W:
-        y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        y = y * _load(W + cols, col_ok, EVEN).to(tl.float32)[None, :]
     if HAS_B:
-        y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        y = y + _load(B + cols, col_ok, EVEN).to(tl.float32)[None, :]
     y_ptrs = Y + rows.to(tl.int64)[:, None] * N + cols[None, :]
-    tl.store(y_ptrs, _round(y, Y.dtype.element_ty), mask=mask)
+    _store(y_ptrs, _round(y, Y.dtype.element_ty), mask, EVEN)
 
 
 @triton.jit

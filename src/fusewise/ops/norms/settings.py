@@ -23,6 +23,8 @@ class Bwd(NamedTuple):
     # across them; the weight-gradient sums first, as lean (kernels_bwd._dx_reloaded)
     fused_from: int = 0  # rows narrower than this that fall to this setting take the split
     # kernels instead (a block of `widest` with many lanes masked off loses to them)
+    part: int = 0  # > 0: each row shared by cdiv(width, part) programs, each owning `part`
+    # columns (a power of two; kernels_bwd_shared); `prefetch` then unrolls the row sums' parts
 
 
 # Backward, fused kernel, by (op, bytes per element), from the sweeps at 32288f2 (bf16) and
