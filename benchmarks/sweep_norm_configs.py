@@ -10,8 +10,7 @@ Parts (--parts):
   bwd       the backward with the shipped settings, every width
   fwdblock  the forward's block path: elements per tile, elements per thread, most warps
   fwdwide   the forward's wide path: chunk and warps
-  shared    rows shared by programs in the backward at 12,288-65,536, against shipped
-  fwdunmasked  the block forward without masks where tiles are whole, against masked
+  fwdunmasked  the block forward without masks wherever tiles are whole, against masked
   fwdloop   every width on the wide path (two passes over a row, the second mostly from L2, as
             Inductor's forward) against the shipped block path
   fused     the fused backward: elements per tile, warps, programs per SM (one setting for all
@@ -150,27 +149,12 @@ def settings(part: str, op: str):
                 {"MAX_BLOCK_N_FWD": 128, "WIDE_CHUNK_FWD": chunk, "WIDE_WARPS": warps},
             )
         yield "shipped#2", {}
-    elif part == "shared":
-        # rows shared by programs (kernels_bwd_shared) at 12,288-65,536, against the shipped
-        # backward (fused or split kernels), alternated over two rounds
-        for r in (1, 2):
-            yield f"shipped#{r}", {}
-            for cols, warps, per_sm, hoist in [
-                (8192, 16, 1, True),
-                (8192, 16, 1, False),
-                (8192, 32, 1, False),
-                (4096, 16, 1, False),
-                (4096, 8, 2, False),
-            ]:
-                setting = L.Bwd(1 << 20, 1, warps, per_sm, prefetch=hoist, part=cols)
-                label = f"part={cols} warps={warps} per_sm={per_sm}{' hoist' if hoist else ''} #{r}"
-                configs = {**L.BWD_CONFIGS, (op, 2): (setting,), (op, 4): (setting,)}
-                yield label, {"BWD_CONFIGS": configs}
     elif part == "fwdunmasked":
         # the block forward without masks on whole tiles (FWD_UNMASKED) against masked, alternated
+        every = {key: tuple(1 << k for k in range(8, 16)) for key in L.BWD_CONFIGS}
         for r in (1, 2):
-            yield f"masked#{r}", {"FWD_UNMASKED": False}
-            yield f"unmasked#{r}", {"FWD_UNMASKED": True}
+            yield f"masked#{r}", {"FWD_UNMASKED": {}}
+            yield f"unmasked#{r}", {"FWD_UNMASKED": every}
     else:
         yield "shipped", {}
 
@@ -182,7 +166,6 @@ WIDTHS = {
     "fwdwide": WIDE_WIDTHS[1:],
     "fwdloop": [1024, 4096, 8192, 16384],
     "fwdunmasked": [1024, 4096, 8192, 16384, 32768],
-    "shared": [12288, 16384, 32768, 65536],
     "fused": BLOCK_WIDTHS,
     "fused16k": [16384],
     "lean": BLOCK_WIDTHS,

@@ -155,21 +155,21 @@ def test_backward_plan_follows_replaced_settings(monkeypatch):
 
 def test_forward_plan_follows_replaced_settings(monkeypatch):
     flags = (True, True, False, False)
-    block = norm_launch._forward_plan(4, 300, 300, 300, flags)
+    block = norm_launch._forward_plan(4, 300, 300, 300, flags, 2)
     assert block.kernel is norm_launch.K.norm_fwd_block_kernel
-    assert norm_launch._forward_plan(4, 300, 300, 300, flags) is block
+    assert norm_launch._forward_plan(4, 300, 300, 300, flags, 2) is block
     monkeypatch.setattr(norm_launch, "MAX_BLOCK_N_FWD", 256)
-    wide = norm_launch._forward_plan(4, 300, 300, 300, flags)
+    wide = norm_launch._forward_plan(4, 300, 300, 300, flags, 2)
     assert wide.kernel is norm_launch.K.norm_fwd_wide_kernel and wide.grid == (4,)
     monkeypatch.setattr(norm_launch, "WIDE_CHUNK_FWD", 128)
-    assert norm_launch._forward_plan(4, 300, 300, 300, flags).meta["BLOCK_N"] == 128
+    assert norm_launch._forward_plan(4, 300, 300, 300, flags, 2).meta["BLOCK_N"] == 128
 
 
 def test_plans_are_bounded(monkeypatch):
     monkeypatch.setattr(norm_launch, "_MAX_PLANS", 4)
     monkeypatch.setattr(norm_launch, "_fwd_plans", {})
     for m in range(1, 20):
-        norm_launch._forward_plan(m, 64, 64, 64, (True, False, False, False))
+        norm_launch._forward_plan(m, 64, 64, 64, (True, False, False, False), 2)
     assert len(norm_launch._fwd_plans) <= 4
 
 
@@ -189,6 +189,9 @@ def test_a_nested_input_gets_the_full_checks_messages():
         fusewise.ops.layer_norm(x, torch.ones(8, dtype=torch.int64))
 
 
+_EVERY_OP_UNMASKED_AT_256 = {(op, size): (256,) for op in OPS for size in (2, 4)}
+
+
 @pytest.mark.parametrize(
     "shape, strided, unmasked",
     [
@@ -196,6 +199,7 @@ def test_a_nested_input_gets_the_full_checks_messages():
         ((16, 256), True, True),  # rows strided by 261: still whole tiles
         ((2, 3, 256), False, False),  # 6 rows: a ragged last tile
         ((16, 200), False, False),  # narrower than the 256 block
+        ((16, 512), False, False),  # whole tiles, but not a width of the table
     ],
 )
 @pytest.mark.parametrize("dname", ["fp32", "bf16"])
@@ -203,19 +207,38 @@ def test_a_nested_input_gets_the_full_checks_messages():
 def test_unmasked_forward_only_on_whole_tiles(
     op, dname, shape, strided, unmasked, device, monkeypatch
 ):
-    """The forward drops its masks exactly when every tile lies inside the tensor, and gives
-    the bits the masked kernel gives, both held to eager PyTorch's error against float64."""
+    """The forward drops its masks exactly at the table's widths when every tile lies inside
+    the tensor, and gives the bits the masked kernel gives, both held to eager PyTorch's error
+    against float64."""
+    monkeypatch.setattr(norm_launch, "FWD_UNMASKED", _EVERY_OP_UNMASKED_AT_256)
     dtype = DTYPES[dname]
     a = make_inputs(op, shape, dtype, device, strided=strided)
     x = a["x"].reshape(-1, shape[-1])
     flags = (op != "layer_norm", True, op == "layer_norm", op == "add_rms_norm")
-    plan_args = (x.shape[0], x.shape[1], x.stride(0), x.shape[1], flags)
+    plan_args = (x.shape[0], x.shape[1], x.stride(0), x.shape[1], flags, dtype.itemsize)
     assert norm_launch._forward_plan(*plan_args).meta["EVEN"] is unmasked
     check(op, a, SLACK[dtype])
     with torch.no_grad():
         unmasked_out = fused(op, a)
-        monkeypatch.setattr(norm_launch, "FWD_UNMASKED", False)
+        monkeypatch.setattr(norm_launch, "FWD_UNMASKED", {})
         assert not norm_launch._forward_plan(*plan_args).meta["EVEN"]
         masked_out = fused(op, a)
     for got, want in zip(unmasked_out, masked_out):
         assert torch.equal(got, want)
+
+
+def test_forward_plan_sees_the_unmasked_table_edited_in_place(monkeypatch):
+    flags = (False, True, True, False)  # layer_norm
+    table = dict(norm_launch.FWD_UNMASKED)
+    monkeypatch.setattr(norm_launch, "FWD_UNMASKED", table)
+    assert not norm_launch._forward_plan(16, 256, 256, 256, flags, 4).meta["EVEN"]
+    table["layer_norm", 4] = (256,)
+    assert norm_launch._forward_plan(16, 256, 256, 256, flags, 4).meta["EVEN"]
+    assert not norm_launch._forward_plan(16, 256, 256, 256, flags, 2).meta["EVEN"]  # bf16's
+
+
+def test_shipped_unmasked_widths_are_whole_blocks():
+    """Only a power-of-two width can fill the block: any other entry would never apply."""
+    for widths in norm_launch.FWD_UNMASKED.values():
+        for n in widths:
+            assert norm_launch.block_config(n)[1] == n and n <= norm_launch.MAX_BLOCK_N_FWD

@@ -17,10 +17,9 @@ import torch
 from .._launch import cdiv, launch, next_power_of_2, sm_count
 from . import kernels as K
 from . import kernels_bwd as KB
-from . import kernels_bwd_shared as KS
 
-# the launchers read launch.BWD_CONFIGS: tests and sweeps replace it here
-from .settings import BWD_CONFIGS, Bwd
+# the launchers read launch.BWD_CONFIGS and FWD_UNMASKED: tests and sweeps replace them here
+from .settings import BWD_CONFIGS, FWD_UNMASKED, Bwd
 
 # Widest row the forward keeps in registers; wider rows take the chunked wide path. The backward
 # keeps rows up to the widest block of BWD_CONFIGS in registers with the weight-gradient
@@ -42,10 +41,6 @@ WIDE_CHUNK_FWD = 32768
 TILE_ELEMENTS_FWD = 2048
 FWD_ELEMENTS_PER_THREAD = 32
 MAX_WARPS_FWD = 16
-# A tile wholly inside the tensor (the width a power of 2, the rows a multiple of the tile's)
-# is loaded and stored without masks: 7-16% fewer instructions a tile in the SASS for sm_90a
-# (benchmarks/norm_registers.py). False masks every tile, as before (sweeps compare the two).
-FWD_UNMASKED = True
 # Backward, fused kernel: settings.BWD_CONFIGS.
 # Backward, split kernels (rows past the fused kernel's reach, use_wide_path): 2.2-2.9x the
 # previous one-program-per-row kernels at 32768-262144 in the same sweep.
@@ -108,14 +103,11 @@ def use_wide_path(
 
 
 def _fused_setting(n: int, op: str, element_size: int) -> tuple[int, int, Bwd] | None:
-    """bwd_config(n, op, element_size), or None where the split kernels take the rows. MAX_BLOCK_N
-    caps the settings that hold whole rows in registers, not those that share a row."""
-    if n > BWD_CONFIGS[op, element_size][-1].widest:
+    """bwd_config(n, op, element_size), or None where the split kernels take the rows."""
+    if n > min(MAX_BLOCK_N, BWD_CONFIGS[op, element_size][-1].widest):
         return None
     config = bwd_config(n, op, element_size)
-    if n < config[2].fused_from or (not config[2].part and n > MAX_BLOCK_N):
-        return None
-    return config
+    return None if n < config[2].fused_from else config
 
 
 def _partials(rows: int, n: int, has_w: bool, has_b: bool, dev):
@@ -134,6 +126,15 @@ class _FwdPlan(NamedTuple):
     grid: tuple
     ints: tuple
     meta: dict
+    unmasked_widths: tuple  # FWD_UNMASKED's entry it was made from (held: compared by identity)
+
+
+_NONE: tuple = ()
+
+
+def _unmasked_widths(flags: tuple, element_size: int) -> tuple:
+    """FWD_UNMASKED's widths for the op of these forward flags (fp16 takes bf16's)."""
+    return FWD_UNMASKED.get((op_name(flags[0], flags[3]), element_size), _NONE)
 
 
 # Forward plans by (shape, strides, flags, settings); a model has a handful. Cleared past
@@ -142,11 +143,14 @@ _fwd_plans: dict = {}
 _MAX_PLANS = 1024
 
 
-def _forward_plan(m: int, n: int, stride_x: int, stride_r: int, flags: tuple) -> _FwdPlan:
-    key = (m, n, stride_x, stride_r, flags, MAX_BLOCK_N_FWD, WIDE_CHUNK_FWD, WIDE_WARPS)
-    key += (TILE_ELEMENTS_FWD, FWD_ELEMENTS_PER_THREAD, MAX_WARPS_FWD, FWD_UNMASKED)  # tests
+def _forward_plan(
+    m: int, n: int, stride_x: int, stride_r: int, flags: tuple, element_size: int
+) -> _FwdPlan:
+    key = (m, n, stride_x, stride_r, flags, element_size, MAX_BLOCK_N_FWD, WIDE_CHUNK_FWD)
+    key += (WIDE_WARPS, TILE_ELEMENTS_FWD, FWD_ELEMENTS_PER_THREAD, MAX_WARPS_FWD)  # tests
     plan = _fwd_plans.get(key)
-    if plan is not None:
+    # the table by identity, as the backward's: a table replaced or edited in place is seen
+    if plan is not None and plan.unmasked_widths is _unmasked_widths(flags, element_size):
         return plan
     if len(_fwd_plans) >= _MAX_PLANS:
         _fwd_plans.clear()
@@ -157,15 +161,18 @@ def _forward_plan(m: int, n: int, stride_x: int, stride_r: int, flags: tuple) ->
             (m,),
             (n, stride_x, stride_r),
             dict(BLOCK_N=WIDE_CHUNK_FWD, num_warps=WIDE_WARPS, **meta),
+            _unmasked_widths(flags, element_size),
         )
     else:
         block_m, block_n, num_warps = block_config(n)
-        even = FWD_UNMASKED and n == block_n and m % block_m == 0
+        widths = _unmasked_widths(flags, element_size)
+        even = n == block_n and m % block_m == 0 and n in widths
         plan = _FwdPlan(
             K.norm_fwd_block_kernel,
             (cdiv(m, block_m),),
             (m, n, stride_x, stride_r),
             dict(BLOCK_M=block_m, BLOCK_N=block_n, EVEN=even, num_warps=num_warps, **meta),
+            widths,
         )
     _fwd_plans[key] = plan
     return plan
@@ -187,7 +194,7 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
         return y, h, mean, rstd
     r = residual if residual is not None else x
     flags = (is_rms, weight is not None, bias is not None, residual is not None)
-    plan = _forward_plan(m, n, x.stride(0), r.stride(0), flags)
+    plan = _forward_plan(m, n, x.stride(0), r.stride(0), flags, x.element_size())
     h_buf = h if h is not None else y
     mean_buf = mean if mean is not None else rstd
     args = (x, r, weight, bias, y, h_buf, mean_buf, rstd, *plan.ints, eps)
@@ -206,9 +213,8 @@ class _BwdPlan(NamedTuple):
     block_m: int
     block_n: int
     setting: Bwd
-    programs: int  # rows of the weight-gradient partials: programs, or groups of `share`
+    programs: int
     tiles_per_program: int
-    share: int  # programs sharing a row (kernels_bwd_shared) when the setting has a `part`
 
 
 _bwd_plans: dict = {}
@@ -232,12 +238,11 @@ def _backward_plan(m: int, n: int, op: str, element_size: int, dev) -> _BwdPlan 
         _bwd_plans.clear()
     block_m, block_n, setting = fused
     n_tiles = cdiv(m, block_m)
-    share = cdiv(n, setting.part) if setting.part else 1
     if n_tiles * block_m * block_n <= SINGLE_PROGRAM_ELEMENTS:
         programs = 1
     else:
-        programs = max(1, min(n_tiles, setting.per_sm * _programs_per_wave(dev) // share))
-    plan = _BwdPlan(settings, block_m, block_n, setting, programs, cdiv(n_tiles, programs), share)
+        programs = min(n_tiles, setting.per_sm * _programs_per_wave(dev))
+    plan = _BwdPlan(settings, block_m, block_n, setting, programs, cdiv(n_tiles, programs))
     _bwd_plans[key] = plan
     return plan
 
@@ -265,34 +270,36 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     else:
         dw_part, db_part = _partials(plan.programs, n, has_w, has_b, dev)
     setting = plan.setting
-    args = (x, weight, dy, dh_arg, dx, mean, rstd, dw_part, db_part, m, n)
-    args += (x.stride(0), dy.stride(0), dh_arg.stride(0), plan.programs, plan.tiles_per_program)
-    flags = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, HAS_DH=dh is not None)
-    if setting.part:
-        launch(
-            KS.norm_bwd_shared_kernel,
-            (plan.programs * plan.share,),
-            *args,
-            **flags,
-            BLOCK_M=plan.block_m,
-            PART=setting.part,
-            SHARE=plan.share,
-            HOIST=setting.prefetch,
-            num_warps=setting.warps,
-        )
-    else:
-        launch(
-            KB.norm_bwd_block_kernel,
-            (plan.programs,),
-            *args,
-            **flags,
-            BLOCK_M=plan.block_m,
-            BLOCK_N=plan.block_n,
-            PREFETCH=setting.prefetch,
-            LEAN=setting.lean,
-            RELOAD=setting.reload,
-            num_warps=setting.warps,
-        )
+    launch(
+        KB.norm_bwd_block_kernel,
+        (plan.programs,),
+        x,
+        weight,
+        dy,
+        dh_arg,
+        dx,
+        mean,
+        rstd,
+        dw_part,
+        db_part,
+        m,
+        n,
+        x.stride(0),
+        dy.stride(0),
+        dh_arg.stride(0),
+        plan.programs,
+        plan.tiles_per_program,
+        IS_RMS=is_rms,
+        HAS_W=has_w,
+        HAS_B=has_b,
+        HAS_DH=dh is not None,
+        BLOCK_M=plan.block_m,
+        BLOCK_N=plan.block_n,
+        PREFETCH=setting.prefetch,
+        LEAN=setting.lean,
+        RELOAD=setting.reload,
+        num_warps=setting.warps,
+    )
     if plan.programs == 1:
         return dx, dw, db
     return dx, *_finish_weight_grads(dw_part, db_part, weight, bias, dev)

@@ -23,8 +23,6 @@ class Bwd(NamedTuple):
     # across them; the weight-gradient sums first, as lean (kernels_bwd._dx_reloaded)
     fused_from: int = 0  # rows narrower than this that fall to this setting take the split
     # kernels instead (a block of `widest` with many lanes masked off loses to them)
-    part: int = 0  # > 0: each row shared by cdiv(width, part) programs, each owning `part`
-    # columns (a power of two; kernels_bwd_shared); `prefetch` then unrolls the row sums' parts
 
 
 # Backward, fused kernel, by (op, bytes per element), from the sweeps at 32288f2 (bf16) and
@@ -89,3 +87,14 @@ BWD_CONFIGS = {
         _RMS_16384,
     ),
 }
+
+# The forward's block kernel without masks, by (op, bytes per element): the widths (powers of
+# two, the kernel's block) whose tiles it loads and stores unmasked when the rows fill whole
+# tiles. From the A/B at bce165d on an H200 (2**27 elements, kernels only, two alternated rounds,
+# results/h200_sweep_unmasked_bce165d.txt, % of the copy ceiling, masked -> unmasked): LayerNorm
+# fp32 16,384 85.6 -> 96.6 (ptxas for sm_90a: 89 registers a thread -> 64, two programs of 16
+# warps a multiprocessor instead of one); add+RMSNorm fp32 16,384 96.7 -> 98.3 and 32,768 92.2 ->
+# 97.3. Everywhere else it was level (within 0.6 at 1,024-8,192) or slower: LayerNorm bf16 16,384
+# 89.1 -> 58.1 (64 registers -> 82: one program a multiprocessor), LayerNorm fp32 32,768 80 -> 72,
+# RMSNorm fp32 32,768 90.9 -> 85.3.
+FWD_UNMASKED = {("layer_norm", 4): (16384,), ("add_rms_norm", 4): (16384, 32768)}
