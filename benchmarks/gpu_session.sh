@@ -4,7 +4,7 @@
 # Usage (in the device command): FUSEWISE_COMMIT=<sha> TESTS="tests/a.py ..." \
 #   bash benchmarks/gpu_session.sh [serial] [tests] [replay] [capture] [demo] [host] [pairs]
 #   [norms] [sweep] [ab] [rotary_sweep] [rotary] [gated] [ab_src] [e2e] [order] [iso] [host_ab]
-#   [ab_fwd] [inductor]
+#   [ab_fwd] [inductor] [peers_wide]
 #   (.whl carried: Liger and CCE for tests; serial: SERIAL_TESTS without xdist, for tests that
 #   time a launch-bound step and fail when other processes share the GPU; norms: bench_norms
 #   against torch and Liger, kernels only, one process per op so a timeout loses one op, then the
@@ -157,6 +157,19 @@ for what in "$@"; do
           --modes fwd@graph,fwd_bwd@graph --csv $C > "/tmp/ab_rotary_${v}_$r.txt" 2>&1
       done; done
       python benchmarks/ab_summary.py $C --a old --b new | tee "$OUT/ab_fwd_summary.txt" ;;
+    peers_wide)
+      # the forward's unmasked cells (LayerNorm and add+RMSNorm fp32 at 16,384-32,768) and the
+      # widest rows against torch.compile, one process per provider, kernels only; the host cost
+      timeout ${PEERS_S:-200} python benchmarks/bench_norms.py --isolate --ops layer_norm,add_rms_norm \
+        --dtypes fp32 --widths 16384,32768 --providers fusewise,torch,compile,liger \
+        --timings graph --csv "$OUT/peers_wide.csv" > "$OUT/peers_fp32.txt" 2>&1
+      tail -20 "$OUT/peers_fp32.txt"
+      timeout ${WIDE_S:-200} python benchmarks/bench_norms.py --isolate --ops layer_norm,rms_norm \
+        --dtypes bf16 --widths 65536,262144 --providers fusewise,compile \
+        --timings graph --csv "$OUT/peers_wide.csv" > "$OUT/peers_wide.txt" 2>&1
+      tail -10 "$OUT/peers_wide.txt"
+      timeout 100 python benchmarks/host_overhead.py --csv "$OUT/host_overhead.csv" 2>&1 \
+        | grep -v USDT | tee "$OUT/host_overhead.txt" ;;
     inductor)
       timeout 150 python benchmarks/inductor_code.py --out "$OUT/inductor" 2>&1 | grep -v USDT ;;
     pairs)
