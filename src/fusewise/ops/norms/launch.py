@@ -129,12 +129,10 @@ class _FwdPlan(NamedTuple):
     unmasked_widths: tuple  # FWD_UNMASKED's entry it was made from (held: compared by identity)
 
 
-_NONE: tuple = ()
-
-
-def _unmasked_widths(flags: tuple, element_size: int) -> tuple:
-    """FWD_UNMASKED's widths for the op of these forward flags (fp16 takes bf16's)."""
-    return FWD_UNMASKED.get((op_name(flags[0], flags[3]), element_size), _NONE)
+def _unmasked_widths(flags: tuple, element_size: int, none: tuple = ()) -> tuple:
+    """FWD_UNMASKED's widths for the op of these forward flags (fp16 takes bf16's); one empty
+    tuple for every op without an entry, so that plans compare it by identity."""
+    return FWD_UNMASKED.get((op_name(flags[0], flags[3]), element_size), none)
 
 
 # Forward plans by (shape, strides, flags, settings); a model has a handful. Cleared past
