@@ -151,7 +151,9 @@ def settings(part: str, op: str):
         yield "shipped#2", {}
     elif part == "fwdunmasked":
         # the block forward without masks on whole tiles (FWD_UNMASKED) against masked, alternated
-        every = {key: tuple(1 << k for k in range(8, 16)) for key in L.BWD_CONFIGS}
+        widths = tuple(1 << k for k in range(8, 16))  # 256-32,768: every block width
+        ops = ("layer_norm", "rms_norm", "add_rms_norm")
+        every = {(op, size): widths for op in ops for size in (2, 4)}
         for r in (1, 2):
             yield f"masked#{r}", {"FWD_UNMASKED": {}}
             yield f"unmasked#{r}", {"FWD_UNMASKED": every}

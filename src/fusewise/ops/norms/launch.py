@@ -126,13 +126,6 @@ class _FwdPlan(NamedTuple):
     grid: tuple
     ints: tuple
     meta: dict
-    unmasked_widths: tuple  # FWD_UNMASKED's entry it was made from (held: compared by identity)
-
-
-def _unmasked_widths(flags: tuple, element_size: int, none: tuple = ()) -> tuple:
-    """FWD_UNMASKED's widths for the op of these forward flags (fp16 takes bf16's); one empty
-    tuple for every op without an entry, so that plans compare it by identity."""
-    return FWD_UNMASKED.get((op_name(flags[0], flags[3]), element_size), none)
 
 
 # Forward plans by (shape, strides, flags, settings); a model has a handful. Cleared past
@@ -144,11 +137,13 @@ _MAX_PLANS = 1024
 def _forward_plan(
     m: int, n: int, stride_x: int, stride_r: int, flags: tuple, element_size: int
 ) -> _FwdPlan:
-    key = (m, n, stride_x, stride_r, flags, element_size, MAX_BLOCK_N_FWD, WIDE_CHUNK_FWD)
+    # FWD_UNMASKED's say for this width (fp16 takes bf16's), read on every call: a table
+    # replaced or edited in place is seen
+    unmasked = n in FWD_UNMASKED.get((op_name(flags[0], flags[3]), element_size), ())
+    key = (m, n, stride_x, stride_r, flags, unmasked, MAX_BLOCK_N_FWD, WIDE_CHUNK_FWD)
     key += (WIDE_WARPS, TILE_ELEMENTS_FWD, FWD_ELEMENTS_PER_THREAD, MAX_WARPS_FWD)  # tests
     plan = _fwd_plans.get(key)
-    # the table by identity, as the backward's: a table replaced or edited in place is seen
-    if plan is not None and plan.unmasked_widths is _unmasked_widths(flags, element_size):
+    if plan is not None:
         return plan
     if len(_fwd_plans) >= _MAX_PLANS:
         _fwd_plans.clear()
@@ -159,18 +154,15 @@ def _forward_plan(
             (m,),
             (n, stride_x, stride_r),
             dict(BLOCK_N=WIDE_CHUNK_FWD, num_warps=WIDE_WARPS, **meta),
-            _unmasked_widths(flags, element_size),
         )
     else:
         block_m, block_n, num_warps = block_config(n)
-        widths = _unmasked_widths(flags, element_size)
-        even = n == block_n and m % block_m == 0 and n in widths
+        even = unmasked and n == block_n and m % block_m == 0
         plan = _FwdPlan(
             K.norm_fwd_block_kernel,
             (cdiv(m, block_m),),
             (m, n, stride_x, stride_r),
             dict(BLOCK_M=block_m, BLOCK_N=block_n, EVEN=even, num_warps=num_warps, **meta),
-            widths,
         )
     _fwd_plans[key] = plan
     return plan
