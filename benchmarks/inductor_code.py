@@ -51,13 +51,17 @@ def _chosen() -> list[str]:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
+    p.add_argument("--norms", help="op:width,... (default: NORMS); no rotary then")
     a = p.parse_args(argv)
+    norms = NORMS
+    if a.norms:
+        norms = [(op, int(n)) for op, n in (c.split(":") for c in a.norms.split(","))]
     if not torch.cuda.is_available():
         sys.exit("inductor_code.py compiles for a GPU; no CUDA device is present")
     os.makedirs(a.out, exist_ok=True)
     naive = providers(["naive"])["naive"]
     dev = torch.device("cuda")
-    for op, n in NORMS:
+    for op, n in norms:
         torch._dynamo.reset()
         gc.collect()  # the previous case's kernels, so _chosen lists this one's
         m = ELEMENTS // n
@@ -68,6 +72,8 @@ def main(argv=None) -> None:
         with torch.no_grad():
             _, codes = run_and_get_code(torch.compile(naive[op], dynamic=False), x, r, w, b)
         _write(a.out, f"{op}_{n}_fwd", codes)
+    if a.norms:
+        return
     torch._dynamo.reset()
     q, k, cos, sin = rotary_inputs((4, 2048, 32, 8, 128), torch.bfloat16, dev)
     with torch.no_grad():
