@@ -11,6 +11,8 @@ Parts (--parts):
   fwdblock  the forward's block path: elements per tile, elements per thread, most warps
   fwdwide   the forward's wide path: chunk and warps
   fwdunmasked  the block forward without masks wherever tiles are whole, against masked
+  fwdwalk   the forward walking each row in unrolled chunks (settings.FWD_WALK, torch.compile's
+            structure at 16,384-32,768): chunk and warps at every width, against the shipped
   fwdloop   every width on the wide path (two passes over a row, the second mostly from L2, as
             Inductor's forward) against the shipped block path
   fused     the fused backward: elements per tile, warps, programs per SM (one setting for all
@@ -149,6 +151,14 @@ def settings(part: str, op: str):
                 {"MAX_BLOCK_N_FWD": 128, "WIDE_CHUNK_FWD": chunk, "WIDE_WARPS": warps},
             )
         yield "shipped#2", {}
+    elif part == "fwdwalk":
+        ops = ("layer_norm", "rms_norm", "add_rms_norm")
+        yield "shipped#1", {}
+        for chunk, warps in WALKS:
+            walk = (L.Walk(1, chunk, warps),)
+            every = {(op, size): walk for op in ops for size in (2, 4)}
+            yield f"walk chunk={chunk} warps={warps}", {"FWD_WALK": every}
+        yield "shipped#2", {}
     elif part == "fwdunmasked":
         # the block forward without masks on whole tiles (FWD_UNMASKED) against masked, alternated
         widths = tuple(1 << k for k in range(8, 16))  # 256-32,768: every block width
@@ -161,7 +171,9 @@ def settings(part: str, op: str):
         yield "shipped", {}
 
 
+WALKS = [(2048, 16), (4096, 16), (8192, 16), (8192, 32), (16384, 32), (32768, 32)]
 WIDTHS = {
+    "fwdwalk": [8192, 12288, 16384, 32768, 65536, 262144],
     "fwd": BLOCK_WIDTHS + WIDE_WIDTHS,
     "bwd": BLOCK_WIDTHS + WIDE_WIDTHS,
     "fwdblock": [1024, 4096, 8192, 16384, 32768],
@@ -200,6 +212,10 @@ def main() -> int:
                 for k, v in values.items():
                     setattr(L, k, v)
                 for n in widths:
+                    walk = values.get("FWD_WALK", {}).get((op, 2))
+                    if walk and n > 32 * walk[0].chunk:  # 33+ chunks unrolled: slow to compile
+                        cells.append(float("nan"))
+                        continue
                     try:
                         ms, nbytes = measure(inputs, op, mode, n, DTYPES[dname])
                     except Exception as e:  # a setting that does not compile or fit: say so

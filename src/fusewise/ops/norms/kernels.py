@@ -22,11 +22,12 @@ from .._launch import round_to as _round
 
 
 @triton.jit
-def _load(ptrs, mask, EVEN: tl.constexpr):
-    """tl.load, unmasked where the tile lies wholly inside the tensor (EVEN)."""
+def _load(ptrs, mask, EVEN: tl.constexpr, POLICY: tl.constexpr = ""):
+    """tl.load, unmasked where the tile lies wholly inside the tensor (EVEN); POLICY: the
+    eviction policy ("" for the default)."""
     if EVEN:
-        return tl.load(ptrs)
-    return tl.load(ptrs, mask=mask, other=0.0)
+        return tl.load(ptrs, eviction_policy=POLICY)
+    return tl.load(ptrs, mask=mask, other=0.0, eviction_policy=POLICY)
 
 
 @triton.jit
@@ -51,12 +52,13 @@ def _load_row_tile(
     HAS_RES: tl.constexpr,
     STORE_H: tl.constexpr,
     EVEN: tl.constexpr = False,
+    POLICY: tl.constexpr = "",
 ):
     """Load x (or x + residual, rounded to the activation dtype and optionally stored) as fp32."""
     rows64 = rows.to(tl.int64)
-    x = _load(X + rows64[:, None] * stride_x + cols[None, :], mask, EVEN)
+    x = _load(X + rows64[:, None] * stride_x + cols[None, :], mask, EVEN, POLICY)
     if HAS_RES:
-        r = _load(R + rows64[:, None] * stride_r + cols[None, :], mask, EVEN)
+        r = _load(R + rows64[:, None] * stride_r + cols[None, :], mask, EVEN, POLICY)
         h = _round(x.to(tl.float32) + r.to(tl.float32), X.dtype.element_ty)
         if STORE_H:
             _store(H + rows64[:, None] * N + cols[None, :], h, mask, EVEN)
@@ -173,3 +175,75 @@ def norm_fwd_wide_kernel(
         if HAS_B:
             y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         tl.store(Y + row.to(tl.int64) * N + cols[None, :], _round(y, Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def norm_fwd_walk_kernel(
+    X,
+    R,
+    W,
+    B,
+    Y,
+    H,
+    Mean,
+    Rstd,
+    N,
+    stride_x,
+    stride_r,
+    eps,
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    CHUNK: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    EVEN: tl.constexpr,
+):
+    """One program per row, walking it in CHUNKS chunks (a constant, so every walk unrolls and
+    its loads are all in flight at once): the sum (LayerNorm) or the sum of squares (RMSNorm)
+    into an elementwise accumulator reduced once, LayerNorm's centred sum of squares the same
+    way, then y. The second and third walks read the row again, from L1/L2: no register holds it
+    across a reduction, so several rows are in flight on a multiprocessor (torch.compile's
+    forward at 16,384-32,768). EVEN: N == CHUNK * CHUNKS, no masks."""
+    rows = tl.full([1], 0, tl.int32) + tl.program_id(0)
+    offs = tl.arange(0, CHUNK)
+    acc = tl.zeros([1, CHUNK], tl.float32)
+    for c in tl.static_range(CHUNKS):
+        cols = c * CHUNK + offs
+        mask = (cols < N)[None, :]
+        x = _load_row_tile(
+            X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES, True, EVEN, "evict_last"
+        )
+        acc += x * x if IS_RMS else x
+    if IS_RMS:
+        rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
+    else:
+        mean = tl.sum(acc, axis=1) / N
+        acc = tl.zeros([1, CHUNK], tl.float32)
+        for c in tl.static_range(CHUNKS):
+            cols = c * CHUNK + offs
+            mask = (cols < N)[None, :]
+            x = _load_row_tile(
+                X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES, False, EVEN, "evict_last"
+            )
+            xc = x - mean[:, None]
+            xc = xc if EVEN else tl.where(mask, xc, 0.0)
+            acc += xc * xc
+        rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
+        tl.store(Mean + rows, mean)
+    tl.store(Rstd + rows, rstd)
+    for c in tl.static_range(CHUNKS):
+        cols = c * CHUNK + offs
+        col_ok = cols < N
+        mask = col_ok[None, :]
+        # x + residual recomputed, not h read back (as in the wide kernel)
+        x = _load_row_tile(
+            X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES, False, EVEN, "evict_first"
+        )
+        y = (x if IS_RMS else x - mean[:, None]) * rstd[:, None]
+        if HAS_W:
+            y = y * _load(W + cols, col_ok, EVEN, "evict_last").to(tl.float32)[None, :]
+        if HAS_B:
+            y = y + _load(B + cols, col_ok, EVEN, "evict_last").to(tl.float32)[None, :]
+        y_ptrs = Y + rows.to(tl.int64)[:, None] * N + cols[None, :]
+        _store(y_ptrs, _round(y, Y.dtype.element_ty), mask, EVEN)

@@ -19,7 +19,7 @@ from . import kernels as K
 from . import kernels_bwd as KB
 
 # the launchers read launch.BWD_CONFIGS and FWD_UNMASKED: tests and sweeps replace them here
-from .settings import BWD_CONFIGS, FWD_UNMASKED, Bwd
+from .settings import BWD_CONFIGS, FWD_UNMASKED, FWD_WALK, Bwd, Walk
 
 # Widest row the forward keeps in registers; wider rows take the chunked wide path. The backward
 # keeps rows up to the widest block of BWD_CONFIGS in registers with the weight-gradient
@@ -137,10 +137,12 @@ _MAX_PLANS = 1024
 def _forward_plan(
     m: int, n: int, stride_x: int, stride_r: int, flags: tuple, element_size: int
 ) -> _FwdPlan:
-    # FWD_UNMASKED's say for this width (fp16 takes bf16's), read on every call: a table
-    # replaced or edited in place is seen
-    unmasked = n in FWD_UNMASKED.get((op_name(flags[0], flags[3]), element_size), ())
-    key = (m, n, stride_x, stride_r, flags, unmasked, MAX_BLOCK_N_FWD, WIDE_CHUNK_FWD)
+    # FWD_UNMASKED's and FWD_WALK's say for this width (fp16 takes bf16's), read on every call:
+    # a table replaced or edited in place is seen
+    op = (op_name(flags[0], flags[3]), element_size)
+    unmasked = n in FWD_UNMASKED.get(op, ())
+    walk = _walk_setting(n, FWD_WALK.get(op, ()))
+    key = (m, n, stride_x, stride_r, flags, unmasked, walk, MAX_BLOCK_N_FWD, WIDE_CHUNK_FWD)
     key += (WIDE_WARPS, TILE_ELEMENTS_FWD, FWD_ELEMENTS_PER_THREAD, MAX_WARPS_FWD)  # tests
     plan = _fwd_plans.get(key)
     if plan is not None:
@@ -148,7 +150,16 @@ def _forward_plan(
     if len(_fwd_plans) >= _MAX_PLANS:
         _fwd_plans.clear()
     meta = dict(zip(("IS_RMS", "HAS_W", "HAS_B", "HAS_RES"), flags))
-    if use_wide_path(n):
+    if walk is not None:
+        chunk = min(walk.chunk, next_power_of_2(n))
+        chunks = cdiv(n, chunk)
+        plan = _FwdPlan(
+            K.norm_fwd_walk_kernel,
+            (m,),
+            (n, stride_x, stride_r),
+            dict(CHUNK=chunk, CHUNKS=chunks, EVEN=n == chunk * chunks, num_warps=walk.warps) | meta,
+        )
+    elif use_wide_path(n):
         plan = _FwdPlan(
             K.norm_fwd_wide_kernel,
             (m,),
@@ -166,6 +177,11 @@ def _forward_plan(
         )
     _fwd_plans[key] = plan
     return plan
+
+
+def _walk_setting(n: int, settings: tuple) -> Walk | None:
+    """The last of FWD_WALK's settings for the op whose `narrowest` n reaches, or None."""
+    return next((s for s in reversed(settings) if n >= s.narrowest), None)
 
 
 def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):

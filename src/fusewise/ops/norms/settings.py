@@ -88,6 +88,20 @@ BWD_CONFIGS = {
     ),
 }
 
+
+class Walk(NamedTuple):
+    """A forward that walks each row in chunks (kernels.norm_fwd_walk_kernel), for rows of at
+    least `narrowest` elements (up to the next setting's)."""
+
+    narrowest: int
+    chunk: int  # elements a walk's step loads (a power of two)
+    warps: int
+
+
+# The walking forward by (op, bytes per element), settings by `narrowest` ascending; rows
+# narrower than the first take the block or wide path.
+FWD_WALK: dict = {}
+
 # The forward's block kernel without masks, by (op, bytes per element): the widths (powers of
 # two, the kernel's block) whose tiles it loads and stores unmasked when the rows fill whole
 # tiles. From the A/B at bce165d on an H200 (2**27 elements, kernels only, two alternated rounds,
