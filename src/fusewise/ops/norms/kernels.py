@@ -22,9 +22,13 @@ from .._launch import round_to as _round
 
 
 @triton.jit
-def _load(ptrs, mask, EVEN: tl.constexpr, POLICY: tl.constexpr = ""):
+def _load(ptrs, mask, EVEN: tl.constexpr, POLICY: tl.constexpr = None):
     """tl.load, unmasked where the tile lies wholly inside the tensor (EVEN); POLICY: the
-    eviction policy ("" for the default)."""
+    eviction policy, None for the default (a default of "" fails to compile for a GPU)."""
+    if POLICY is None:
+        if EVEN:
+            return tl.load(ptrs)
+        return tl.load(ptrs, mask=mask, other=0.0)
     if EVEN:
         return tl.load(ptrs, eviction_policy=POLICY)
     return tl.load(ptrs, mask=mask, other=0.0, eviction_policy=POLICY)
@@ -52,7 +56,7 @@ def _load_row_tile(
     HAS_RES: tl.constexpr,
     STORE_H: tl.constexpr,
     EVEN: tl.constexpr = False,
-    POLICY: tl.constexpr = "",
+    POLICY: tl.constexpr = None,
 ):
     """Load x (or x + residual, rounded to the activation dtype and optionally stored) as fp32."""
     rows64 = rows.to(tl.int64)
@@ -198,6 +202,7 @@ def norm_fwd_walk_kernel(
     CHUNK: tl.constexpr,
     CHUNKS: tl.constexpr,
     EVEN: tl.constexpr,
+    UNROLL: tl.constexpr = 1,
 ):
     """One program per row, walking it in CHUNKS chunks (a constant, so every walk unrolls and
     its loads are all in flight at once): the sum (LayerNorm) or the sum of squares (RMSNorm)
@@ -208,7 +213,7 @@ def norm_fwd_walk_kernel(
     rows = tl.full([1], 0, tl.int32) + tl.program_id(0)
     offs = tl.arange(0, CHUNK)
     acc = tl.zeros([1, CHUNK], tl.float32)
-    for c in tl.static_range(CHUNKS):
+    for c in tl.range(0, CHUNKS, loop_unroll_factor=UNROLL):
         cols = c * CHUNK + offs
         mask = (cols < N)[None, :]
         x = _load_row_tile(
@@ -220,7 +225,7 @@ def norm_fwd_walk_kernel(
     else:
         mean = tl.sum(acc, axis=1) / N
         acc = tl.zeros([1, CHUNK], tl.float32)
-        for c in tl.static_range(CHUNKS):
+        for c in tl.range(0, CHUNKS, loop_unroll_factor=UNROLL):
             cols = c * CHUNK + offs
             mask = (cols < N)[None, :]
             x = _load_row_tile(
@@ -232,7 +237,7 @@ def norm_fwd_walk_kernel(
         rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
         tl.store(Mean + rows, mean)
     tl.store(Rstd + rows, rstd)
-    for c in tl.static_range(CHUNKS):
+    for c in tl.range(0, CHUNKS, loop_unroll_factor=UNROLL):
         cols = c * CHUNK + offs
         col_ok = cols < N
         mask = col_ok[None, :]

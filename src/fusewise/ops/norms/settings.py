@@ -96,6 +96,8 @@ class Walk(NamedTuple):
     narrowest: int
     chunk: int  # elements a walk's step loads (a power of two)
     warps: int
+    unroll: bool = False  # each walk unrolled whole (its loads all in flight at once; more
+    # registers), or a loop of one chunk a step
 
 
 # The walking forward by (op, bytes per element), settings by `narrowest` ascending; rows
