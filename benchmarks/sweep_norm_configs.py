@@ -154,10 +154,11 @@ def settings(part: str, op: str):
     elif part == "fwdwalk":
         ops = ("layer_norm", "rms_norm", "add_rms_norm")
         yield "shipped#1", {}
-        for chunk, warps in WALKS:
-            walk = (L.Walk(1, chunk, warps),)
+        for (chunk, warps), unroll in itertools.product(WALKS, WALK_UNROLL):
+            walk = (L.Walk(1, 1 << 40, chunk, warps, unroll),)
             every = {(op, size): walk for op in ops for size in (2, 4)}
-            yield f"walk chunk={chunk} warps={warps}", {"FWD_WALK": every}
+            label = f"walk chunk={chunk} warps={warps}{' unrolled' if unroll else ''}"
+            yield label, {"FWD_WALK": every}
         yield "shipped#2", {}
     elif part == "fwdunmasked":
         # the block forward without masks on whole tiles (FWD_UNMASKED) against masked, alternated
@@ -172,6 +173,8 @@ def settings(part: str, op: str):
 
 
 WALKS = [(2048, 16), (4096, 16), (8192, 16), (8192, 32), (16384, 32), (32768, 32)]
+# rolled (results/h200_sweep_walk_rolled_7ab4d9a); unrolled at 2213a72 (h200_sweep_walk_2213a72)
+WALK_UNROLL = [False]
 WIDTHS = {
     "fwdwalk": [8192, 12288, 16384, 32768, 65536, 262144],
     "fwd": BLOCK_WIDTHS + WIDE_WIDTHS,
@@ -213,7 +216,7 @@ def main() -> int:
                     setattr(L, k, v)
                 for n in widths:
                     walk = values.get("FWD_WALK", {}).get((op, 2))
-                    if walk and n > 32 * walk[0].chunk:  # 33+ chunks unrolled: slow to compile
+                    if walk and walk[0].unroll and n > 32 * walk[0].chunk:  # slow to compile
                         cells.append(float("nan"))
                         continue
                     try:

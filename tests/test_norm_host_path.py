@@ -242,3 +242,59 @@ def test_shipped_unmasked_widths_are_whole_blocks():
     for widths in norm_launch.FWD_UNMASKED.values():
         for n in widths:
             assert norm_launch.block_config(n)[1] == n and n <= norm_launch.MAX_BLOCK_N_FWD
+
+
+def test_walk_plan_by_width(monkeypatch):
+    """FWD_WALK's settings apply at their widths only: chunks capped at the row's block, the
+    chunk count, masks only where the last chunk is ragged, the loop unrolled whole on request."""
+    Walk, K = norm_launch.Walk, norm_launch.K
+    table = {("layer_norm", 2): (Walk(100, 1000, 128, 4), Walk(1001, 4096, 1024, 8, True))}
+    monkeypatch.setattr(norm_launch, "FWD_WALK", table)
+    ln = (False, True, True, False)
+
+    def plan(n, size=2, flags=ln):
+        return norm_launch._forward_plan(6, n, n, n, flags, size)
+
+    assert plan(99).kernel is K.norm_fwd_block_kernel
+    assert plan(4097).kernel is K.norm_fwd_block_kernel
+    assert plan(300, 4).kernel is K.norm_fwd_block_kernel  # fp32: not in the table
+    assert plan(300, 2, (True, True, False, False)).kernel is K.norm_fwd_block_kernel  # RMS
+    expected = {  # width: (CHUNK, CHUNKS, EVEN, UNROLL, warps)
+        100: (128, 1, False, 1, 4),  # chunk capped at the row's block
+        300: (128, 3, False, 1, 4),
+        512: (128, 4, True, 1, 4),
+        1001: (1024, 1, False, 1, 8),
+        4096: (1024, 4, True, 4, 8),
+    }
+    for n, want in expected.items():
+        p = plan(n)
+        assert p.kernel is K.norm_fwd_walk_kernel and p.grid == (6,) and p.ints == (n, n, n)
+        got = tuple(p.meta[k] for k in ("CHUNK", "CHUNKS", "EVEN", "UNROLL", "num_warps"))
+        assert got == want, n
+
+
+def test_forward_plan_sees_the_walk_table_edited_in_place(monkeypatch):
+    table = {}
+    monkeypatch.setattr(norm_launch, "FWD_WALK", table)
+    flags = (True, True, False, False)  # rms_norm
+    assert norm_launch._forward_plan(4, 512, 512, 512, flags, 2).kernel is not (
+        norm_launch.K.norm_fwd_walk_kernel
+    )
+    table["rms_norm", 2] = (norm_launch.Walk(512, 512, 256, 4),)
+    assert norm_launch._forward_plan(4, 512, 512, 512, flags, 2).kernel is (
+        norm_launch.K.norm_fwd_walk_kernel
+    )
+
+
+def test_shipped_walk_settings_are_consistent():
+    """Each op's walked widths do not overlap (the first match would hide the rest), chunks are
+    powers of two, an unrolled walk has at most 32 chunks at its widest (compile time), and every
+    key is an op and element size the launchers ask for."""
+    for key, settings in norm_launch.FWD_WALK.items():
+        assert key in norm_launch.BWD_CONFIGS
+        spans = sorted((s.narrowest, s.widest) for s in settings)
+        for s in settings:
+            assert 1 <= s.narrowest <= s.widest and s.chunk & (s.chunk - 1) == 0
+            assert not s.unroll or -(-s.widest // s.chunk) <= 32
+        for (_, end), (start, _) in zip(spans, spans[1:]):
+            assert end < start, key

@@ -412,3 +412,19 @@ def test_no_weight_no_bias(device):
 def test_widest_rows_in_the_issue(op, device):
     """262,144 elements a row (the widest width the benchmarks run), forward and backward."""
     check(op, make_inputs(op, (2, 262144), torch.float32, device), SLACK[torch.float32])
+
+
+@pytest.mark.parametrize("unroll", [False, True], ids=["rolled", "unrolled"])
+@pytest.mark.parametrize("dname", ["fp32", "bf16"])
+@pytest.mark.parametrize("op", OPS)
+def test_walk_path(op, dname, unroll, device, monkeypatch):
+    """The forward that walks each row in chunks (settings.FWD_WALK), reached at small sizes with
+    128-element chunks: a ragged last chunk (1823 = 14 chunks and 31 elements), whole chunks
+    (512), rows strided by a wider tensor; the backward as shipped."""
+    walk = (norm_launch.Walk(1, 1 << 40, 128, 4, unroll),)
+    monkeypatch.setattr(norm_launch, "FWD_WALK", {(o, s): walk for o in OPS for s in (2, 4)})
+    dtype = DTYPES[dname]
+    for shape, strided in [((9, 1823), False), ((5, 512), True)]:
+        plan = norm_launch._forward_plan(shape[0], shape[1], shape[1], shape[1], (1, 1, 0, 0), 2)
+        assert plan.kernel is norm_launch.K.norm_fwd_walk_kernel
+        check(op, make_inputs(op, shape, dtype, device, strided=strided), SLACK[dtype])

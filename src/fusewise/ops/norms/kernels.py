@@ -204,12 +204,13 @@ def norm_fwd_walk_kernel(
     EVEN: tl.constexpr,
     UNROLL: tl.constexpr = 1,
 ):
-    """One program per row, walking it in CHUNKS chunks (a constant, so every walk unrolls and
-    its loads are all in flight at once): the sum (LayerNorm) or the sum of squares (RMSNorm)
-    into an elementwise accumulator reduced once, LayerNorm's centred sum of squares the same
-    way, then y. The second and third walks read the row again, from L1/L2: no register holds it
-    across a reduction, so several rows are in flight on a multiprocessor (torch.compile's
-    forward at 16,384-32,768). EVEN: N == CHUNK * CHUNKS, no masks."""
+    """One program per row, walking it in CHUNKS chunks: the sum (LayerNorm) or the sum of
+    squares (RMSNorm) into an elementwise accumulator reduced once, LayerNorm's centred sum of
+    squares the same way, then y. The later walks read the row again, from L1/L2: no register
+    holds it across a reduction, so a program needs few registers and several rows are in flight
+    on a multiprocessor (the shape of torch.compile's forward at these widths). UNROLL: chunks a
+    loop step (CHUNKS: each walk's loads all in flight at once, at more registers); EVEN:
+    N == CHUNK * CHUNKS, no masks."""
     rows = tl.full([1], 0, tl.int32) + tl.program_id(0)
     offs = tl.arange(0, CHUNK)
     acc = tl.zeros([1, CHUNK], tl.float32)

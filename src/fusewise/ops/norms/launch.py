@@ -18,8 +18,8 @@ from .._launch import cdiv, launch, next_power_of_2, sm_count
 from . import kernels as K
 from . import kernels_bwd as KB
 
-# the launchers read launch.BWD_CONFIGS and FWD_UNMASKED: tests and sweeps replace them here
-from .settings import BWD_CONFIGS, FWD_UNMASKED, FWD_WALK, Bwd, Walk
+# the launchers read launch.BWD_CONFIGS, FWD_UNMASKED, FWD_WALK: tests and sweeps replace them here
+from .settings import BWD_CONFIGS, FWD_UNMASKED, FWD_WALK, Bwd, Walk  # noqa: F401
 
 # Widest row the forward keeps in registers; wider rows take the chunked wide path. The backward
 # keeps rows up to the widest block of BWD_CONFIGS in registers with the weight-gradient
@@ -141,7 +141,7 @@ def _forward_plan(
     # a table replaced or edited in place is seen
     op = (op_name(flags[0], flags[3]), element_size)
     unmasked = n in FWD_UNMASKED.get(op, ())
-    walk = _walk_setting(n, FWD_WALK.get(op, ()))
+    walk = next((w for w in FWD_WALK.get(op, ()) if w.narrowest <= n <= w.widest), None)
     key = (m, n, stride_x, stride_r, flags, unmasked, walk, MAX_BLOCK_N_FWD, WIDE_CHUNK_FWD)
     key += (WIDE_WARPS, TILE_ELEMENTS_FWD, FWD_ELEMENTS_PER_THREAD, MAX_WARPS_FWD)  # tests
     plan = _fwd_plans.get(key)
@@ -153,19 +153,12 @@ def _forward_plan(
     if walk is not None:
         chunk = min(walk.chunk, next_power_of_2(n))
         chunks = cdiv(n, chunk)
-        plan = _FwdPlan(
-            K.norm_fwd_walk_kernel,
-            (m,),
-            (n, stride_x, stride_r),
-            dict(CHUNK=chunk, CHUNKS=chunks, EVEN=n == chunk * chunks, num_warps=walk.warps) | meta,
-        )
+        meta |= dict(CHUNK=chunk, CHUNKS=chunks, EVEN=n == chunk * chunks, num_warps=walk.warps)
+        meta["UNROLL"] = chunks if walk.unroll else 1
+        plan = _FwdPlan(K.norm_fwd_walk_kernel, (m,), (n, stride_x, stride_r), meta)
     elif use_wide_path(n):
-        plan = _FwdPlan(
-            K.norm_fwd_wide_kernel,
-            (m,),
-            (n, stride_x, stride_r),
-            dict(BLOCK_N=WIDE_CHUNK_FWD, num_warps=WIDE_WARPS, **meta),
-        )
+        meta |= dict(BLOCK_N=WIDE_CHUNK_FWD, num_warps=WIDE_WARPS)
+        plan = _FwdPlan(K.norm_fwd_wide_kernel, (m,), (n, stride_x, stride_r), meta)
     else:
         block_m, block_n, num_warps = block_config(n)
         even = unmasked and n == block_n and m % block_m == 0
@@ -177,11 +170,6 @@ def _forward_plan(
         )
     _fwd_plans[key] = plan
     return plan
-
-
-def _walk_setting(n: int, settings: tuple) -> Walk | None:
-    """The last of FWD_WALK's settings for the op whose `narrowest` n reaches, or None."""
-    return next((s for s in reversed(settings) if n >= s.narrowest), None)
 
 
 def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):

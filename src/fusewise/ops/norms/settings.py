@@ -90,19 +90,53 @@ BWD_CONFIGS = {
 
 
 class Walk(NamedTuple):
-    """A forward that walks each row in chunks (kernels.norm_fwd_walk_kernel), for rows of at
-    least `narrowest` elements (up to the next setting's)."""
+    """A forward that walks each row in chunks (kernels.norm_fwd_walk_kernel), for rows of
+    `narrowest` to `widest` elements."""
 
     narrowest: int
-    chunk: int  # elements a walk's step loads (a power of two)
+    widest: int
+    chunk: int  # elements a walk's step loads (a power of two; capped at the row's block)
     warps: int
     unroll: bool = False  # each walk unrolled whole (its loads all in flight at once; more
     # registers), or a loop of one chunk a step
 
 
-# The walking forward by (op, bytes per element), settings by `narrowest` ascending; rows
-# narrower than the first take the block or wide path.
-FWD_WALK: dict = {}
+# The walking forward by (op, bytes per element); rows outside every setting's widths take the
+# block path (up to MAX_BLOCK_N_FWD) or the wide path. From the sweeps on an H200 (2**27
+# elements, kernels only, % of the copy ceiling; results/h200_sweep_walk_rolled_7ab4d9a.txt,
+# rolled walks with the shipped kernels before and after in the same run, and
+# h200_sweep_walk_2213a72.txt, unrolled): the walk reads the row again from L1/L2 instead of
+# holding it, so a program needs 31-40 registers a thread where the block kernel needs 64-128,
+# and 2-4 programs share a multiprocessor where one did (torch.compile's forward at these
+# widths has the same shape). shipped -> walked:
+# LayerNorm bf16 12,288/16,384/32,768: 76.0/89.0/74.8 -> 97.5/95.5/90.1 (8,192: 95.0 -> 92.6 at
+#   best, 65,536: 69.5 -> 70.2, 262,144: 60.8 -> 47.8: not walked);
+# LayerNorm fp32 8,192/12,288/16,384/32,768: 95.9/75.9/96.5/79.0 -> 99.9/98.5/99.3 (unrolled,
+#   the other run)/90.9;
+# RMSNorm bf16 8,192-65,536: 93.5/85.6/91.9/88.5/79.6 -> 98.4/97.6/98.0/97.6/91.5 (65,536
+#   unrolled, the other run; 87.7 rolled);
+# RMSNorm fp32 8,192-65,536: 96.2/96.6/96.1/90.4/77.3 -> 100.2/100.4/100.2/99.5/84.0 (unrolled);
+# add+RMSNorm bf16 8,192-65,536: 95.9/96.5/96.7/96.7/72.9 -> 101.5/100.5/100.4/100.1/77.7;
+# add+RMSNorm fp32 8,192 and 16,384: 96.4/98.4 -> 101.5/102.0 (12,288: 96.8 -> 97.3 and 32,768:
+#   97.5 -> 85.4 at best: not walked).
+# 262,144 was level or slower everywhere (a 512 KB row no longer stays in L2 between walks).
+FWD_WALK = {
+    ("layer_norm", 2): (Walk(8193, 16384, 4096, 16), Walk(16385, 32768, 8192, 32)),
+    ("layer_norm", 4): (
+        Walk(8192, 8192, 8192, 16),
+        Walk(8193, 12288, 4096, 16),
+        Walk(12289, 16384, 8192, 16, unroll=True),
+        Walk(16385, 32768, 32768, 32),
+    ),
+    ("rms_norm", 2): (Walk(8192, 16384, 8192, 16), Walk(16385, 65536, 32768, 32, unroll=True)),
+    ("rms_norm", 4): (Walk(8192, 8192, 8192, 16), Walk(8193, 65536, 32768, 32, unroll=True)),
+    ("add_rms_norm", 2): (
+        Walk(8192, 16384, 16384, 32),
+        Walk(16385, 32768, 32768, 32),
+        Walk(32769, 65536, 16384, 32),
+    ),
+    ("add_rms_norm", 4): (Walk(8192, 8192, 16384, 32), Walk(12289, 16384, 32768, 32)),
+}
 
 # The forward's block kernel without masks, by (op, bytes per element): the widths (powers of
 # two, the kernel's block) whose tiles it loads and stores unmasked when the rows fill whole
@@ -112,5 +146,6 @@ FWD_WALK: dict = {}
 # warps a multiprocessor instead of one); add+RMSNorm fp32 16,384 96.7 -> 98.3 and 32,768 92.2 ->
 # 97.3. Everywhere else it was level (within 0.6 at 1,024-8,192) or slower: LayerNorm bf16 16,384
 # 89.1 -> 58.1 (64 registers -> 82: one program a multiprocessor), LayerNorm fp32 32,768 80 -> 72,
-# RMSNorm fp32 32,768 90.9 -> 85.3.
-FWD_UNMASKED = {("layer_norm", 4): (16384,), ("add_rms_norm", 4): (16384, 32768)}
+# RMSNorm fp32 32,768 90.9 -> 85.3. Of the three, LayerNorm and add+RMSNorm fp32 at 16,384 now
+# walk (FWD_WALK, which takes precedence).
+FWD_UNMASKED = {("add_rms_norm", 4): (32768,)}
