@@ -4,7 +4,7 @@
 # Usage (in the device command): FUSEWISE_COMMIT=<sha> TESTS="tests/a.py ..." \
 #   bash benchmarks/gpu_session.sh [serial] [tests] [replay] [capture] [demo] [host] [pairs]
 #   [norms] [sweep] [ab] [rotary_sweep] [rotary] [gated] [ab_src] [e2e] [order] [iso] [host_ab]
-#   [ab_fwd] [inductor] [peers_wide]
+#   [ab_fwd] [inductor] [peers_wide] [peers_walk]
 #   (.whl carried: Liger and CCE for tests; serial: SERIAL_TESTS without xdist, for tests that
 #   time a launch-bound step and fail when other processes share the GPU; norms: bench_norms
 #   against torch and Liger, kernels only, one process per op so a timeout loses one op, then the
@@ -170,6 +170,20 @@ for what in "$@"; do
       tail -10 "$OUT/peers_wide.txt"
       timeout 100 python benchmarks/host_overhead.py --csv "$OUT/host_overhead.csv" 2>&1 \
         | grep -v USDT | tee "$OUT/host_overhead.txt" ;;
+    peers_walk)
+      # the walking forward's widths against torch.compile and Liger, one process per provider,
+      # kernels only; then the shipped forward at every width (the sweep's fwd part)
+      timeout ${WALK_S:-240} python benchmarks/bench_norms.py --isolate --modes fwd --dtypes bf16 \
+        --widths 8192,12288,16384,32768,65536 --providers fusewise,compile,liger \
+        --timings graph --csv "$OUT/peers_walk.csv" > "$OUT/peers_walk.txt" 2>&1
+      sed -n '/# summary/,$p' "$OUT/peers_walk.txt" | sort -u
+      timeout ${WALK_FP32_S:-100} python benchmarks/bench_norms.py --isolate --modes fwd \
+        --ops layer_norm,rms_norm --dtypes fp32 --widths 16384,32768 --providers fusewise,compile \
+        --timings graph --csv "$OUT/peers_walk.csv" > "$OUT/peers_walk_fp32.txt" 2>&1
+      sed -n '/# summary/,$p' "$OUT/peers_walk_fp32.txt" | sort -u
+      timeout ${SWEEP_S:-120} python benchmarks/sweep_norm_configs.py --parts fwd --dtypes bf16,fp32 \
+        --ops layer_norm,rms_norm,add_rms_norm --elements 134217728 \
+        --csv "$OUT/sweep_fwd.csv" 2>&1 | grep -v USDT | tee "$OUT/sweep_fwd.txt" ;;
     inductor)
       timeout 150 python benchmarks/inductor_code.py --out "$OUT/inductor" 2>&1 | grep -v USDT ;;
     pairs)
