@@ -13,6 +13,7 @@ Parts (--parts):
   fwdunmasked  the block forward without masks wherever tiles are whole, against masked
   fwdwalk   the forward walking each row in unrolled chunks (settings.FWD_WALK, torch.compile's
             structure at 16,384-32,768): chunk and warps at every width, against the shipped
+  fwdwelford  LayerNorm's walk with mean and variance in one walk (Walk.welford)
   fwdloop   every width on the wide path (two passes over a row, the second mostly from L2, as
             Inductor's forward) against the shipped block path
   fused     the fused backward: elements per tile, warps, programs per SM (one setting for all
@@ -160,6 +161,16 @@ def settings(part: str, op: str):
             label = f"walk chunk={chunk} warps={warps}{' unrolled' if unroll else ''}"
             yield label, {"FWD_WALK": every}
         yield "shipped#2", {}
+    elif part == "fwdwelford":
+        # LayerNorm's walk with mean and variance in one walk (two walks, not three)
+        yield "shipped#1", {}
+        for chunk, warps in WALKS:
+            walk = (L.Walk(1, 1 << 40, chunk, warps, welford=True),)
+            yield (
+                f"walk chunk={chunk} warps={warps} welford",
+                {"FWD_WALK": {(op, 2): walk, (op, 4): walk}},
+            )
+        yield "shipped#2", {}
     elif part == "fwdunmasked":
         # the block forward without masks on whole tiles (FWD_UNMASKED) against masked, alternated
         widths = tuple(1 << k for k in range(8, 16))  # 256-32,768: every block width
@@ -177,6 +188,7 @@ WALKS = [(2048, 16), (4096, 16), (8192, 16), (8192, 32), (16384, 32), (32768, 32
 WALK_UNROLL = [False]
 WIDTHS = {
     "fwdwalk": [8192, 12288, 16384, 32768, 65536, 262144],
+    "fwdwelford": [8192, 12288, 16384, 32768, 65536, 262144],
     "fwd": BLOCK_WIDTHS + WIDE_WIDTHS,
     "bwd": BLOCK_WIDTHS + WIDE_WIDTHS,
     "fwdblock": [1024, 4096, 8192, 16384, 32768],

@@ -46,8 +46,10 @@ for dtype, (is_rms, has_res) in itertools.product(
     for even in (False, True):
         meta = dict(ops, BLOCK_M=2, BLOCK_N=256, EVEN=even)
         compile_for_gpu(K.norm_fwd_block_kernel, block, meta, 4)
-        for unroll in (1, 2):
-            meta = dict(ops, CHUNK=256, CHUNKS=2, EVEN=even, UNROLL=unroll)
+        for unroll, welford in itertools.product((1, 2), (False, True)):
+            if welford and is_rms:  # LayerNorm's alone
+                continue
+            meta = dict(ops, CHUNK=256, CHUNKS=2, EVEN=even, UNROLL=unroll, WELFORD=welford)
             compile_for_gpu(K.norm_fwd_walk_kernel, {**tensors, "N": "i32", **tail}, meta, 4)
     wide = {**tensors, "N": "i32", **tail}
     compile_for_gpu(K.norm_fwd_wide_kernel, wide, dict(ops, BLOCK_N=256), 4)
@@ -61,4 +63,5 @@ def test_forward_kernels_compile_for_the_gpu():
         [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    assert done.stdout.split() == ["compiled", "42"]  # 2 dtypes x 3 ops x (2 + 4 + 1)
+    # 2 dtypes x (3 ops x (2 block + 1 wide) + walks: 8 LayerNorm, 4 for each RMS op)
+    assert done.stdout.split() == ["compiled", "50"]

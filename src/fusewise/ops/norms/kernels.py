@@ -203,6 +203,7 @@ def norm_fwd_walk_kernel(
     CHUNKS: tl.constexpr,
     EVEN: tl.constexpr,
     UNROLL: tl.constexpr = 1,
+    WELFORD: tl.constexpr = False,
 ):
     """One program per row, walking it in CHUNKS chunks: the sum (LayerNorm) or the sum of
     squares (RMSNorm) into an elementwise accumulator reduced once, LayerNorm's centred sum of
@@ -214,15 +215,40 @@ def norm_fwd_walk_kernel(
     rows = tl.full([1], 0, tl.int32) + tl.program_id(0)
     offs = tl.arange(0, CHUNK)
     acc = tl.zeros([1, CHUNK], tl.float32)
+    m2 = tl.zeros([1, CHUNK], tl.float32)  # WELFORD: each lane's sum of squares about its mean
+    if WELFORD:
+        # the lanes walk x less the row's first element: their running means then stay near 0
+        # (a mean far from 0 would carry its rounding into M2 at first order)
+        shift = tl.load(X + rows.to(tl.int64) * stride_x).to(tl.float32)[:, None]
     for c in tl.range(0, CHUNKS, loop_unroll_factor=UNROLL):
         cols = c * CHUNK + offs
         mask = (cols < N)[None, :]
         x = _load_row_tile(
             X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES, True, EVEN, "evict_last"
         )
-        acc += x * x if IS_RMS else x
+        if IS_RMS:
+            acc += x * x
+        elif WELFORD:
+            # each lane's running mean (acc) and M2 over its elements so far, c + 1 of them
+            # (only the last chunk can be ragged: a lane past N there keeps what it had)
+            delta = (x - shift) - acc
+            moved = acc + delta * (1.0 / (c + 1.0))
+            grown = m2 + delta * ((x - shift) - moved)
+            acc = moved if EVEN else tl.where(mask, moved, acc)
+            m2 = grown if EVEN else tl.where(mask, grown, m2)
+        else:
+            acc += x
     if IS_RMS:
         rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
+    elif WELFORD:
+        # the lanes merged exactly (Chan): the mean of their means by count, then their M2s
+        # plus each lane's count times its mean's squared distance from the row's
+        counts = (CHUNKS - 1 + ((CHUNKS - 1) * CHUNK + offs < N).to(tl.float32))[None, :]
+        shifted_mean = tl.sum(acc * counts, axis=1) / N
+        d = acc - shifted_mean[:, None]
+        rstd = tl.rsqrt(tl.sum(m2 + counts * d * d, axis=1) / N + eps)
+        mean = shift.reshape([1]) + shifted_mean
+        tl.store(Mean + rows, mean)
     else:
         mean = tl.sum(acc, axis=1) / N
         acc = tl.zeros([1, CHUNK], tl.float32)

@@ -154,7 +154,7 @@ def _forward_plan(
         chunk = min(walk.chunk, next_power_of_2(n))
         chunks = cdiv(n, chunk)
         meta |= dict(CHUNK=chunk, CHUNKS=chunks, EVEN=n == chunk * chunks, num_warps=walk.warps)
-        meta["UNROLL"] = chunks if walk.unroll else 1
+        meta |= dict(UNROLL=chunks if walk.unroll else 1, WELFORD=walk.welford)
         plan = _FwdPlan(K.norm_fwd_walk_kernel, (m,), (n, stride_x, stride_r), meta)
     elif use_wide_path(n):
         meta |= dict(BLOCK_N=WIDE_CHUNK_FWD, num_warps=WIDE_WARPS)

@@ -99,6 +99,8 @@ class Walk(NamedTuple):
     warps: int
     unroll: bool = False  # each walk unrolled whole (its loads all in flight at once; more
     # registers), or a loop of one chunk a step
+    welford: bool = False  # LayerNorm: mean and variance in one walk (each lane's running mean
+    # and M2, merged at the end), so two walks over the row instead of three
 
 
 # The walking forward by (op, bytes per element); rows outside every setting's widths take the
