@@ -428,3 +428,45 @@ def test_walk_path(op, dname, unroll, device, monkeypatch):
         plan = norm_launch._forward_plan(shape[0], shape[1], shape[1], shape[1], (1, 1, 0, 0), 2)
         assert plan.kernel is norm_launch.K.norm_fwd_walk_kernel
         check(op, make_inputs(op, shape, dtype, device, strided=strided), SLACK[dtype])
+
+
+@pytest.mark.parametrize("unroll", [False, True], ids=["rolled", "unrolled"])
+@pytest.mark.parametrize("dname", list(DTYPES))
+def test_walk_path_layer_norm_in_two_walks(dname, unroll, device, monkeypatch):
+    """LayerNorm's walk with mean and variance in one walk (Walk.welford): each lane's running
+    mean and M2, merged at the end; ragged (1823) and whole (512) chunks, strided rows."""
+    walk = (norm_launch.Walk(1, 1 << 40, 128, 4, unroll, welford=True),)
+    monkeypatch.setattr(norm_launch, "FWD_WALK", {("layer_norm", s): walk for s in (2, 4)})
+    dtype = DTYPES[dname]
+    for shape, strided in [((9, 1823), False), ((5, 512), True)]:
+        plan = norm_launch._forward_plan(shape[0], shape[1], shape[1], shape[1], (0, 1, 1, 0), 2)
+        assert plan.meta["WELFORD"] and plan.kernel is norm_launch.K.norm_fwd_walk_kernel
+        check(
+            "layer_norm",
+            make_inputs("layer_norm", shape, dtype, device, strided=strided),
+            SLACK[dtype],
+        )
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e3, 1e4, -3e4])
+def test_two_walk_layer_norm_stats_far_from_zero(offset, device, monkeypatch):
+    """Rows whose mean is far from 0 next to their spread: the lanes walk x less the row's first
+    element, so the statistics (fp32) are as close to float64 as the one-pass-in-registers
+    block kernel's, not worse by the mean's rounding. Also a constant row (variance 0)."""
+    from fusewise.ops.norms import reference
+
+    torch.manual_seed(0)
+    x = torch.randn(6, 1000, device=device) * 3 + offset
+    x[5] = offset + 1.0  # constant: rstd = eps**-0.5
+    w, b = torch.randn(1000, device=device), torch.randn(1000, device=device)
+    want = reference.norm_forward(x.double(), None, w.double(), b.double(), 1e-5, False)
+    monkeypatch.setattr(norm_launch, "FWD_WALK", {})
+    block = norm_launch.norm_forward(x, None, w, b, 1e-5, False)
+    walk = (norm_launch.Walk(1, 1 << 40, 128, 4, welford=True),)
+    monkeypatch.setattr(norm_launch, "FWD_WALK", {("layer_norm", 4): walk})
+    got = norm_launch.norm_forward(x, None, w, b, 1e-5, False)
+    # the mean's error counts against the rows' spread (what it shifts y by), not its own size
+    spread = x.double().std(-1).norm().item()
+    for i, scale in [(0, 0.0), (2, spread), (3, 0.0)]:  # y, mean, rstd
+        block_err = rel_err(block[i], want[i], scale)
+        assert rel_err(got[i], want[i], scale) <= 2 * block_err + 1e-7, i
