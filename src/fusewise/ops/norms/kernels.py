@@ -5,13 +5,17 @@ One kernel body per stage with constexpr switches: IS_RMS (no mean, no bias), HA
 HAS_RES (add a residual first and also write the sum h = x + residual); kernels_bwd.py takes
 the same switches.
 
-Two shapes of work:
+Three shapes of work (launch.py picks by op, dtype and width; settings.FWD_WALK names the walked
+widths):
   * block path: a [BLOCK_M, BLOCK_N] tile holds BLOCK_M whole rows in registers, so x is read once
     and y written once; statistics come from registers (mean, then the centred sum of squares: as
     accurate as a two-pass algorithm at the traffic of one).
   * wide path (rows wider than one block): one program per row walks the row in chunks, merging
     chunk statistics with Chan's parallel Welford update, then walks it again *backwards* to
     normalise, so the chunks read last (most likely still in L2) are re-read first.
+  * walk (norm_fwd_walk_kernel): one program per row walks it in a constant number of chunks,
+    reducing once per walk and reading the row again from L1/L2 for the next walk, so it holds
+    no row in registers and several rows share a multiprocessor.
 Row offsets are int64 so tensors past 2**31 elements index correctly.
 """
 

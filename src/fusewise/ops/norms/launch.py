@@ -21,7 +21,8 @@ from . import kernels_bwd as KB
 # the launchers read launch.BWD_CONFIGS, FWD_UNMASKED, FWD_WALK: tests and sweeps replace them here
 from .settings import BWD_CONFIGS, FWD_UNMASKED, FWD_WALK, Bwd, Walk  # noqa: F401
 
-# Widest row the forward keeps in registers; wider rows take the chunked wide path. The backward
+# Widest row the forward keeps in registers; wider rows take the chunked wide path (FWD_WALK's
+# widths walk instead, on either side of it). The backward
 # keeps rows up to the widest block of BWD_CONFIGS in registers with the weight-gradient
 # accumulators (the fused kernel); wider rows take the split kernels. Module-level so tests can
 # lower them to reach those paths with small shapes.
