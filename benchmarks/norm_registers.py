@@ -16,6 +16,7 @@ kernel where it has none (the forward's block kernel). Inputs are assumed
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import re
 import subprocess
@@ -26,15 +27,17 @@ from triton.backends.compiler import GPUTarget
 
 from fusewise.ops.norms import kernels as K
 from fusewise.ops.norms import kernels_bwd as KB
+from fusewise.ops.norms import kernels_bwd_coop as KC
 from fusewise.ops.norms import launch as L
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 TARGET = GPUTarget("cuda", 90, 32)
 ALIGNED = {"N", "stride_x", "stride_dy", "stride_dh", "stride_r"}  # and every pointer
 TYPES = {2: "bf16", 4: "fp32"}
+OPS = ("layer_norm", "rms_norm", "add_rms_norm")
 
 
-def _compile(fn, args: dict, constants: dict, warps: int):
+def _compile(fn, args: dict, constants: dict, warps: int, maxnreg=None):
     names = list(args) + list(constants)
     signature = {**args, **dict.fromkeys(constants, "constexpr")}
     attrs = {
@@ -43,7 +46,8 @@ def _compile(fn, args: dict, constants: dict, warps: int):
         if n in ALIGNED or signature[n].startswith("*")
     }
     src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
-    return triton.compile(src, target=TARGET, options={"num_warps": warps})
+    options = {"num_warps": warps} | ({"maxnreg": maxnreg} if maxnreg else {})
+    return triton.compile(src, target=TARGET, options=options)
 
 
 def _counts(compiled) -> dict:
@@ -108,6 +112,34 @@ def backward(op: str, size: int, width: int) -> tuple[str, dict]:
     )
 
 
+def cooperative(op: str, size: int, width: int, setting) -> tuple[str, dict]:
+    """The cooperative backward (settings.Coop) as on the GPU: one slice a program."""
+    t = "*" + TYPES[size]
+    args = dict(X=t, W=t, DY=t, DH=t, DX=t, Mean="*fp32", Rstd="*fp32", Sums="*fp32")
+    args |= dict(DW_part="*fp32", DB_part="*fp32", M="i32", N="i32")
+    args |= dict(stride_x="i32", stride_dy="i32", stride_dh="i32", lanes="i32")
+    args |= dict(groups_per_lane="i32")
+    slices = -(-width // setting.slice)
+    constants = dict(
+        IS_RMS=op != "layer_norm",
+        HAS_W=True,
+        HAS_B=op == "layer_norm",
+        HAS_DH=op == "add_rms_norm",
+        ROWS=setting.rows,
+        SLICE=setting.slice,
+        K=1,
+        SLICES=slices,
+        SLICES_BLOCK=1 << (slices - 1).bit_length(),
+        AHEAD=setting.ahead,
+        EARLY=setting.early,
+    )
+    regs = 65536 // (setting.per_sm * setting.warps * 32) // 8 * 8 if setting.per_sm > 1 else None
+    compiled = _compile(KC.norm_bwd_coop_kernel, args, constants, setting.warps, regs)
+    s = setting
+    label = f"bwd coop {s.rows}x{s.slice} warps={s.warps} ahead={s.ahead} early={s.early}"
+    return label, _counts(compiled)
+
+
 def forward(op: str, size: int, width: int) -> tuple[str, dict]:
     block_m, block_n, warps = L.block_config(width)
     t = "*" + TYPES[size]
@@ -128,11 +160,25 @@ def forward(op: str, size: int, width: int) -> tuple[str, dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--widths", help="widths to compile (default: each setting's widest)")
+    p.add_argument(
+        "--coop",
+        help="cooperative backward settings to compile instead, comma-separated, each "
+        "slice:rows:warps:per_sm:ahead:early (the last two 0/1; registers capped so that per_sm "
+        "fit), at --widths (16384 by default)",
+    )
     args = p.parse_args()
     print(
         f"{'op':<13}{'dtype':<6}{'width':>7}  {'regs':>4} {'spill B':>7}"
         f" {'loop STL/LDL/BAR':>17}  kernel"
     )
+    if args.coop:
+        for spec, op, size in itertools.product(args.coop.split(","), OPS, TYPES):
+            slice_, rows, warps, per_sm, ahead, early = map(int, spec.split(":"))
+            setting = L.Coop(0, 0, slice_, rows, warps, per_sm, bool(ahead), bool(early))
+            for width in [int(w) for w in (args.widths or "16384").split(",")]:
+                label, c = cooperative(op, size, width, setting)
+                _print(op, size, width, label, c)
+        return
     for (op, size), settings in L.BWD_CONFIGS.items():
         widths = (
             [int(w) for w in args.widths.split(",")]
@@ -144,12 +190,15 @@ def main() -> None:
                 if stage is backward and L.use_wide_path(width, True, op, size):
                     print(f"{op:<13}{TYPES[size]:<6}{width:>7}  backward on the split kernels")
                     continue
-                label, c = stage(op, size, width)
-                loop = f"{c['loop_STL']}/{c['loop_LDL']}/{c['loop_BAR']}"
-                print(
-                    f"{op:<13}{TYPES[size]:<6}{width:>7}  {c['registers']:>4} "
-                    f"{c['spill_stores']:>7} {loop:>17}  {label}"
-                )
+                _print(op, size, width, *stage(op, size, width))
+
+
+def _print(op: str, size: int, width: int, label: str, c: dict) -> None:
+    loop = f"{c['loop_STL']}/{c['loop_LDL']}/{c['loop_BAR']}"
+    print(
+        f"{op:<13}{TYPES[size]:<6}{width:>7}  {c['registers']:>4} "
+        f"{c['spill_stores']:>7} {loop:>17}  {label}"
+    )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,9 @@ Parts (--parts):
   fused16k  the fused backward at 16384 (warps, x and dy read again or held) against the
             split kernels, two alternated rounds
   lean      A/B of the fused backward's `lean` (launch.Bwd), shipped settings otherwise
+  bwdcoop   the cooperative backward (settings.BWD_COOP: a row's slices in several programs,
+            their row sums exchanged through global memory) at every width given, against the
+            shipped before and after: slice, rows, warps, programs per SM, ahead, early
   split     the split backward (rows past the fused kernel's reach): tile rows, columns, warps,
             waves; the row sums' warps and unrolled loads
 
@@ -114,6 +117,14 @@ def settings(part: str, op: str):
             lean = label.startswith("lean")
             configs = {k: tuple(c._replace(lean=lean) for c in v) for k, v in L.BWD_CONFIGS.items()}
             yield label, {"BWD_CONFIGS": configs}
+    elif part == "bwdcoop":
+        yield "shipped#1", {}
+        for slice_, rows, warps, per_sm, ahead, early in COOPS:
+            coop = (L.Coop(1, 1 << 40, slice_, rows, warps, per_sm, ahead, early),)
+            label = f"coop {rows}x{slice_} warps={warps} pps={per_sm}"
+            label += " ahead" * ahead + " early" * early
+            yield label, {"BWD_COOP": {(op, 2): coop, (op, 4): coop}}
+        yield "shipped#2", {}
     elif part == "split":
         for tm, tn, tw, waves, sw, unroll in [
             (4, 1024, 4, 4, 4, 4),
@@ -183,6 +194,17 @@ def settings(part: str, op: str):
         yield "shipped", {}
 
 
+COOPS = [  # slice, rows, warps, per_sm, ahead, early
+    (4096, 1, 16, 2, True, False),
+    (4096, 1, 16, 2, True, True),
+    (4096, 1, 16, 1, True, False),
+    (4096, 1, 16, 2, False, False),
+    (2048, 1, 8, 4, True, False),
+    (2048, 1, 8, 2, True, False),
+    (1024, 1, 4, 8, True, False),
+    (8192, 1, 16, 1, True, False),
+    (2048, 2, 8, 2, True, False),
+]
 WALKS = [(2048, 16), (4096, 16), (8192, 16), (8192, 32), (16384, 32), (32768, 32)]
 # rolled (results/h200_sweep_walk_rolled_7ab4d9a); unrolled at 2213a72 (h200_sweep_walk_2213a72)
 WALK_UNROLL = [False]
@@ -199,6 +221,7 @@ WIDTHS = {
     "fused16k": [16384],
     "lean": BLOCK_WIDTHS,
     "split": WIDE_WIDTHS,
+    "bwdcoop": [8192, 12288, 16384, 32768, 65536],
 }
 
 

@@ -91,3 +91,24 @@ def dx_term_scale(op, ref_inputs, grad):
 
 def backward(outs, grads, inputs):
     return torch.autograd.grad(outs, list(inputs.values()), grads, allow_unused=True)
+
+
+def check_op(op, a, slack):
+    """The fused op's outputs and gradients against the float64 oracle, each within eager
+    PyTorch's own error in the same dtype plus `slack`."""
+    outs = fused(op, a)
+    ref_in, ref_outs = oracle(op, a)
+    eag_in, eag_outs = eager(op, a)
+    for got, ref, base in zip(outs, ref_outs, eag_outs):
+        assert got.shape == ref.shape and got.dtype == a["x"].dtype
+        assert rel_err(got, ref) <= rel_err(base, ref) + slack
+    grads = [torch.randn_like(o) for o in outs]
+    got_g = backward(outs, grads, a)
+    ref_g = backward(ref_outs, [g.double().cpu() for g in grads], ref_in)
+    eag_g = backward(eag_outs, grads, eag_in)
+    scale = dx_term_scale(op, ref_in, grads[0])
+    for name, got, ref, base in zip(a, got_g, ref_g, eag_g):
+        assert got is not None and got.dtype == a[name].dtype, name
+        s = scale if name in ("x", "residual") else 0.0
+        err, base_err = rel_err(got, ref, s), rel_err(base, ref, s)
+        assert err <= base_err + slack, f"d{name}: {err:.3g} > eager {base_err:.3g} + {slack}"

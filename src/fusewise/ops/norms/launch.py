@@ -17,9 +17,11 @@ import torch
 from .._launch import cdiv, launch, next_power_of_2, sm_count
 from . import kernels as K
 from . import kernels_bwd as KB
+from .kernels_bwd_coop import norm_backward_coop
 
-# the launchers read launch.BWD_CONFIGS, FWD_UNMASKED, FWD_WALK: tests and sweeps replace them here
-from .settings import BWD_CONFIGS, FWD_UNMASKED, FWD_WALK, Bwd, Walk  # noqa: F401
+# the launchers read launch.BWD_CONFIGS, BWD_COOP, FWD_UNMASKED, FWD_WALK: tests and sweeps
+# replace them here
+from .settings import BWD_CONFIGS, BWD_COOP, FWD_UNMASKED, FWD_WALK, Bwd, Coop, Walk  # noqa: F401
 
 # Widest row the forward keeps in registers; wider rows take the chunked wide path (FWD_WALK's
 # widths walk instead, on either side of it). The backward
@@ -256,7 +258,15 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     dh_arg = dh if dh is not None else dy
     if mean is None:  # RMS: the kernels never read it; any fp32 buffer holds the place
         mean = rstd
-    plan = _backward_plan(m, n, op_name(is_rms, dh is not None), x.element_size(), dev)
+    op, size = op_name(is_rms, dh is not None), x.element_size()
+    # BWD_COOP's say for this width, read on every call (a table replaced is seen)
+    coop = next((c for c in BWD_COOP.get((op, size), ()) if c.narrowest <= n <= c.widest), None)
+    if coop is not None:
+        parts = norm_backward_coop(
+            dy, dh, x, weight, bias, mean, rstd, is_rms, dx, coop, _programs_per_wave(dev), alloc
+        )
+        return dx, *_finish_weight_grads(*parts, weight, bias, dev)
+    plan = _backward_plan(m, n, op, size, dev)
     if plan is None:
         dw_part, db_part = _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms, dx)
         return dx, *_finish_weight_grads(dw_part, db_part, weight, bias, dev)
@@ -268,22 +278,8 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     launch(
         KB.norm_bwd_block_kernel,
         (plan.programs,),
-        x,
-        weight,
-        dy,
-        dh_arg,
-        dx,
-        mean,
-        rstd,
-        dw_part,
-        db_part,
-        m,
-        n,
-        x.stride(0),
-        dy.stride(0),
-        dh_arg.stride(0),
-        plan.programs,
-        plan.tiles_per_program,
+        *(x, weight, dy, dh_arg, dx, mean, rstd, dw_part, db_part, m, n, x.stride(0)),
+        *(dy.stride(0), dh_arg.stride(0), plan.programs, plan.tiles_per_program),
         IS_RMS=is_rms,
         HAS_W=has_w,
         HAS_B=has_b,
