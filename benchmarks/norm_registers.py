@@ -132,11 +132,13 @@ def cooperative(op: str, size: int, width: int, setting) -> tuple[str, dict]:
         SLICES_BLOCK=1 << (slices - 1).bit_length(),
         AHEAD=setting.ahead,
         EARLY=setting.early,
+        PREFETCH=setting.prefetch,
     )
     regs = 65536 // (setting.per_sm * setting.warps * 32) // 8 * 8 if setting.per_sm > 1 else None
     compiled = _compile(KC.norm_bwd_coop_kernel, args, constants, setting.warps, regs)
     s = setting
     label = f"bwd coop {s.rows}x{s.slice} warps={s.warps} ahead={s.ahead} early={s.early}"
+    label += f" prefetch={s.prefetch}"
     return label, _counts(compiled)
 
 
@@ -163,8 +165,8 @@ def main() -> None:
     p.add_argument(
         "--coop",
         help="cooperative backward settings to compile instead, comma-separated, each "
-        "slice:rows:warps:per_sm:ahead:early (the last two 0/1; registers capped so that per_sm "
-        "fit), at --widths (16384 by default)",
+        "slice:rows:warps:per_sm:ahead:early:prefetch (the last three 0/1; registers capped so "
+        "that per_sm fit), at --widths (16384 by default)",
     )
     args = p.parse_args()
     print(
@@ -173,8 +175,8 @@ def main() -> None:
     )
     if args.coop:
         for spec, op, size in itertools.product(args.coop.split(","), OPS, TYPES):
-            slice_, rows, warps, per_sm, ahead, early = map(int, spec.split(":"))
-            setting = L.Coop(0, 0, slice_, rows, warps, per_sm, bool(ahead), bool(early))
+            slice_, rows, warps, per_sm, *flags = map(int, spec.split(":"))
+            setting = L.Coop(0, 0, slice_, rows, warps, per_sm, *map(bool, flags))
             for width in [int(w) for w in (args.widths or "16384").split(",")]:
                 label, c = cooperative(op, size, width, setting)
                 _print(op, size, width, label, c)

@@ -119,10 +119,10 @@ def settings(part: str, op: str):
             yield label, {"BWD_CONFIGS": configs}
     elif part == "bwdcoop":
         yield "shipped#1", {}
-        for slice_, rows, warps, per_sm, ahead, early in COOPS:
-            coop = (L.Coop(1, 1 << 40, slice_, rows, warps, per_sm, ahead, early),)
+        for slice_, rows, warps, per_sm, ahead, early, prefetch in COOPS:
+            coop = (L.Coop(1, 1 << 40, slice_, rows, warps, per_sm, ahead, early, prefetch),)
             label = f"coop {rows}x{slice_} warps={warps} pps={per_sm}"
-            label += " ahead" * ahead + " early" * early
+            label += " ahead" * ahead + " early" * early + " prefetch" * prefetch
             yield label, {"BWD_COOP": {(op, 2): coop, (op, 4): coop}}
         yield "shipped#2", {}
     elif part == "split":
@@ -194,16 +194,19 @@ def settings(part: str, op: str):
         yield "shipped", {}
 
 
-COOPS = [  # slice, rows, warps, per_sm, ahead, early
-    (4096, 1, 16, 2, True, False),
-    (4096, 1, 16, 2, True, True),
-    (4096, 1, 16, 1, True, False),
-    (4096, 1, 16, 2, False, False),
-    (2048, 1, 8, 4, True, False),
-    (2048, 1, 8, 2, True, False),
-    (1024, 1, 4, 8, True, False),
-    (8192, 1, 16, 1, True, False),
-    (2048, 2, 8, 2, True, False),
+COOPS = [  # slice, rows, warps, per_sm, ahead, early, prefetch
+    (4096, 1, 16, 2, True, False, False),
+    (4096, 1, 16, 2, True, True, False),
+    (4096, 1, 16, 1, True, False, False),
+    (4096, 1, 16, 2, False, False, False),
+    (2048, 1, 8, 4, True, False, False),
+    (2048, 1, 8, 3, True, False, False),
+    (1024, 1, 4, 8, True, False, False),
+    (1024, 1, 4, 6, True, False, True),
+    (4096, 1, 16, 1, True, False, True),
+    (2048, 1, 8, 2, True, False, True),
+    (8192, 1, 16, 1, True, False, False),
+    (2048, 2, 8, 2, True, False, False),
 ]
 WALKS = [(2048, 16), (4096, 16), (8192, 16), (8192, 32), (16384, 32), (32768, 32)]
 # rolled (results/h200_sweep_walk_rolled_7ab4d9a); unrolled at 2213a72 (h200_sweep_walk_2213a72)

@@ -59,19 +59,21 @@ def _rel(got, want):
 
 
 @pytest.mark.parametrize(
-    "m, n, slice_, rows, ahead, early",
+    "m, n, slice_, rows, ahead, early, prefetch",
     [
-        (37, 100, 32, 1, True, False),  # 4 slices, the last ragged; many groups a lane
-        (9, 1823, 256, 2, False, True),  # 8 slices, the last ragged; a group ragged in rows
-        (5, 300, 128, 4, True, True),  # 3 slices (4 under the interpreter); one group
-        (64, 256, 256, 1, False, False),  # one slice: the row whole
+        (37, 100, 32, 1, True, False, False),  # 4 slices, the last ragged; many groups a lane
+        (37, 100, 32, 1, True, False, True),
+        (9, 1823, 256, 2, False, True, True),  # 8 slices, the last ragged; a group ragged in rows
+        (5, 300, 128, 4, True, True, False),  # 3 slices (4 under the interpreter); one group
+        (64, 256, 256, 1, False, False, False),  # one slice: the row whole
     ],
 )
 @pytest.mark.parametrize("op", OPS)
 def test_cooperative_backward_against_float64(
-    op, m, n, slice_, rows, ahead, early, device, monkeypatch
+    op, m, n, slice_, rows, ahead, early, prefetch, device, monkeypatch
 ):
-    _coop_everywhere(monkeypatch, norm_launch.Coop(1, 1 << 30, slice_, rows, 4, 2, ahead, early))
+    setting = norm_launch.Coop(1, 1 << 30, slice_, rows, 4, 2, ahead, early, prefetch)
+    _coop_everywhere(monkeypatch, setting)
     x, dy, dh, w, b, mean, rstd = _inputs(op, m, n, device)
     got, want = _backward(x, dy, dh, w, b, mean, rstd, op != "layer_norm")
     for g, r in zip(got, want):
@@ -84,7 +86,7 @@ def test_cooperative_backward_against_float64(
 @pytest.mark.parametrize("op", OPS)
 def test_cooperative_backward_reads_through_row_strides(op, x_rows, dy_rows, device, monkeypatch):
     """x and dy are read twice (publish, then finish), each time through its own row stride."""
-    _coop_everywhere(monkeypatch, norm_launch.Coop(1, 1 << 30, 64, 1, 4, 1, True, True))
+    _coop_everywhere(monkeypatch, norm_launch.Coop(1, 1 << 30, 64, 1, 4, 1, True, True, True))
     x, dy, dh, w, b, mean, rstd = _inputs(op, 23, 150, device, x_rows=x_rows, dy_rows=dy_rows)
     got, want = _backward(x, dy, dh, w, b, mean, rstd, op != "layer_norm")
     for g, r in zip(got, want):
@@ -152,7 +154,7 @@ def test_a_slice_never_published_gives_nan_not_a_wrong_dx(device, monkeypatch):
     KC.norm_bwd_coop_kernel[(2,)](
         *(x, w, dy, dy, dx, meanf, rstdf, sums, parts[0], parts[1], m, n, n, n, n, 1, m),
         IS_RMS=False, HAS_W=True, HAS_B=True, HAS_DH=False, ROWS=1, SLICE=slice_, K=1,
-        SLICES=2, SLICES_BLOCK=2, AHEAD=True, EARLY=False,
+        SLICES=2, SLICES_BLOCK=2, AHEAD=True, EARLY=False, PREFETCH=True,
     )  # fmt: skip
     _, want = _backward(x, dy, dh, w, b, mean, rstd, False)
     assert torch.isnan(dx[:, :slice_]).all()

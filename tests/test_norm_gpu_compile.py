@@ -1,4 +1,5 @@
-"""The norm forward kernels and the cooperative backward as the GPU's compiler sees them, on a machine without a GPU.
+"""The norm forward kernels and the cooperative backward as the GPU's compiler sees them, on a
+machine without a GPU.
 
 The CPU suite runs every kernel under Triton's interpreter, which accepts code the GPU compiler
 refuses: at 2213a72 an eviction-policy default of "" in a helper passed every interpreted test
@@ -62,7 +63,8 @@ for dtype, (is_rms, has_res) in itertools.product(
     grads = dict(IS_RMS=is_rms, HAS_W=True, HAS_B=not is_rms, HAS_DH=has_res)
     for ahead in (False, True):
         meta = dict(grads, ROWS=1, SLICE=512, K=1, SLICES=3, SLICES_BLOCK=4, AHEAD=ahead)
-        compile_for_gpu(KC.norm_bwd_coop_kernel, coop, dict(meta, EARLY=ahead), 4, 128)
+        meta |= dict(EARLY=ahead, PREFETCH=ahead)
+        compile_for_gpu(KC.norm_bwd_coop_kernel, coop, meta, 4, 128)
 print("compiled", compiled)
 """
 

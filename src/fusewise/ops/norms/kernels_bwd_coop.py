@@ -21,7 +21,8 @@ every part
      writes dx.
 No counter, fence or barrier: each sum is one word, seen whole or not at all, and a reader
 needs nothing else another program wrote. AHEAD publishes group g + lanes before finishing g,
-so the wait overlaps the next loads.
+so the wait overlaps the next loads; PREFETCH issues a group's loads one publish earlier, so
+that memory's latency is off the chain of dependent steps.
 Deadlock-free without co-residency of the whole grid: blocks are dispatched in order, so a
 waiting program's lane-mates are resident or about to be (the host keeps a lane within one wave).
 The wait is bounded all the same (SPIN_LIMIT reads, seconds): past it dx is written NaN, never a
@@ -57,9 +58,9 @@ def _slice_sums(v, ROWS: tl.constexpr, K: tl.constexpr, SLICE: tl.constexpr):
 
 
 @triton.jit
-def _group_tile(X, DY, Mean, Rstd, group, cols, col_ok, M, stride_x, stride_dy, EVICT: tl.constexpr,
-                IS_RMS: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
-    """The group's rows (int32, their mask) and this program's x, dy (fp32), mean and rstd."""
+def _load_group(X, DY, Mean, Rstd, group, cols, col_ok, M, stride_x, stride_dy,
+                EVICT: tl.constexpr, IS_RMS: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
+    """This program's x and dy of the group's rows (in their dtype), the rows' mean and rstd."""
     rows = group * ROWS + tl.arange(0, ROWS)  # groups past the last row are masked off
     row_ok = rows < M
     mask = row_ok[:, None] & col_ok[None, :]
@@ -70,21 +71,30 @@ def _group_tile(X, DY, Mean, Rstd, group, cols, col_ok, M, stride_x, stride_dy, 
     )
     rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
     mean = rstd if IS_RMS else tl.load(Mean + rows, mask=row_ok, other=0.0)
+    return x, dy, mean, rstd
+
+
+@triton.jit
+def _prepare(loaded, group, col_ok, M, IS_RMS: tl.constexpr, ROWS: tl.constexpr):
+    """The group's rows (int32), their mask over the tile, x̂ and dy in fp32, rstd."""
+    x, dy, mean, rstd = loaded
+    rows = group * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < M
+    mask = row_ok[:, None] & col_ok[None, :]
     xhat = _xhat(x.to(tl.float32), mean, rstd, mask, IS_RMS)
     return rows, row_ok, mask, xhat, dy.to(tl.float32), rstd
 
 
 @triton.jit
 def _publish(
-    X, DY, Mean, Rstd, Sums, w, dw_acc, db_acc, group, part, cols, col_ok, M, stride_x,
-    stride_dy, IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    ROWS: tl.constexpr, K: tl.constexpr, SLICE: tl.constexpr, SLICES: tl.constexpr,
+    loaded, Sums, w, dw_acc, db_acc, group, part, col_ok, M, IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, ROWS: tl.constexpr, K: tl.constexpr,
+    SLICE: tl.constexpr, SLICES: tl.constexpr,
 ):  # fmt: skip
-    """Step 1 for a group: the accumulators updated, this program's slice sums written over the
-    sentinel (one 32-bit word each: a reader sees the old word or the new, never half)."""
-    rows, row_ok, mask, xhat, dy, rstd = _group_tile(
-        X, DY, Mean, Rstd, group, cols, col_ok, M, stride_x, stride_dy, "evict_last", IS_RMS, ROWS
-    )
+    """Step 1 for a group (`loaded` by _load_group): the accumulators updated, this program's
+    slice sums written over the sentinel (one 32-bit word each: a reader sees the old word or the
+    new, never half)."""
+    rows, row_ok, mask, xhat, dy, rstd = _prepare(loaded, group, col_ok, M, IS_RMS, ROWS)
     wdy = dy * w.to(tl.float32)[None, :] if HAS_W else dy
     at = (part * K + tl.arange(0, K))[None, :] * M + rows[:, None]  # Sums[j, slice, row]
     tl.store(Sums + at, _slice_sums(xhat * wdy, ROWS, K, SLICE), mask=row_ok[:, None])
@@ -111,8 +121,10 @@ def _finish(
     """Step 2 for a group: every slice's sums read until none is the sentinel, x and dy read
     again (EARLY: before the wait, their loads in flight during it, held in registers across
     it), then this program's dx."""
+    # evict_first: another eviction policy than the first read's, so that the compiler cannot
+    # take the two reads for one; and the tile is not read again
     if EARLY:
-        rows, row_ok, mask, xhat, dy, rstd = _group_tile(
+        again = _load_group(
             X, DY, Mean, Rstd, group, cols, col_ok, M, stride_x, stride_dy, "evict_first",
             IS_RMS, ROWS,
         )  # fmt: skip
@@ -131,10 +143,11 @@ def _finish(
             s2 = tl.load(Sums + SLICES * M + at, mask=ok, other=0.0, volatile=True)
         spins += 1
     if not EARLY:
-        rows, row_ok, mask, xhat, dy, rstd = _group_tile(
+        again = _load_group(
             X, DY, Mean, Rstd, group, cols, col_ok, M, stride_x, stride_dy, "evict_first",
             IS_RMS, ROWS,
         )  # fmt: skip
+    rows, row_ok, mask, xhat, dy, rstd = _prepare(again, group, col_ok, M, IS_RMS, ROWS)
     wdy = dy * w.to(tl.float32)[None, :] if HAS_W else dy
     dx = wdy - xhat * (tl.sum(s1, axis=1) / N)[:, None]
     if not IS_RMS:
@@ -150,7 +163,7 @@ def norm_bwd_coop_kernel(
     stride_dh, lanes, groups_per_lane, IS_RMS: tl.constexpr, HAS_W: tl.constexpr,
     HAS_B: tl.constexpr, HAS_DH: tl.constexpr, ROWS: tl.constexpr, SLICE: tl.constexpr,
     K: tl.constexpr, SLICES: tl.constexpr, SLICES_BLOCK: tl.constexpr, AHEAD: tl.constexpr,
-    EARLY: tl.constexpr,
+    EARLY: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     """Program (lane, part) of the cooperative backward (the module's docstring); its columns
     are K slices of SLICE from part·K·SLICE."""
@@ -164,23 +177,37 @@ def norm_bwd_coop_kernel(
     # whole tiles accumulated, reduced over rows once at the end (see norm_bwd_block_kernel)
     dw_acc = tl.zeros([ROWS, K * SLICE], tl.float32)
     db_acc = tl.zeros([ROWS, K * SLICE], tl.float32)
-    if AHEAD:
+    # AHEAD: publishing runs one group ahead of finishing (the last publish past the last row:
+    # masked off); PREFETCH: loading one group ahead of publishing
+    publishing = lane
+    if PREFETCH:
+        nxt = _load_group(
+            X, DY, Mean, Rstd, publishing, cols, col_ok, M, stride_x, stride_dy, "evict_last",
+            IS_RMS, ROWS,
+        )  # fmt: skip
+    for i in range(0, groups_per_lane + (1 if AHEAD else 0)):
+        if PREFETCH:
+            loaded = nxt
+            nxt = _load_group(
+                X, DY, Mean, Rstd, publishing + lanes, cols, col_ok, M, stride_x, stride_dy,
+                "evict_last", IS_RMS, ROWS,
+            )  # fmt: skip
+        else:
+            loaded = _load_group(
+                X, DY, Mean, Rstd, publishing, cols, col_ok, M, stride_x, stride_dy,
+                "evict_last", IS_RMS, ROWS,
+            )  # fmt: skip
         dw_acc, db_acc = _publish(
-            X, DY, Mean, Rstd, Sums, w, dw_acc, db_acc, lane, part, cols, col_ok, M, stride_x,
-            stride_dy, IS_RMS, HAS_W, HAS_B, ROWS, K, SLICE, SLICES,
+            loaded, Sums, w, dw_acc, db_acc, publishing, part, col_ok, M, IS_RMS, HAS_W, HAS_B,
+            ROWS, K, SLICE, SLICES,
         )  # fmt: skip
-    for i in range(0, groups_per_lane):
-        group = lane + i * lanes
-        # AHEAD: the next group's (past the last row: masked off, its count never read)
-        dw_acc, db_acc = _publish(
-            X, DY, Mean, Rstd, Sums, w, dw_acc, db_acc, group + lanes if AHEAD else group,
-            part, cols, col_ok, M, stride_x, stride_dy, IS_RMS, HAS_W, HAS_B, ROWS, K, SLICE,
-            SLICES,
-        )  # fmt: skip
-        _finish(
-            X, DY, DH, DX, Mean, Rstd, Sums, w, group, cols, col_ok, M, N, stride_x, stride_dy,
-            stride_dh, IS_RMS, HAS_W, HAS_DH, ROWS, SLICES, SLICES_BLOCK, EARLY,
-        )  # fmt: skip
+        publishing += lanes
+        if not AHEAD or i > 0:
+            _finish(
+                X, DY, DH, DX, Mean, Rstd, Sums, w, publishing - lanes * (2 if AHEAD else 1),
+                cols, col_ok, M, N, stride_x, stride_dy, stride_dh, IS_RMS, HAS_W, HAS_DH, ROWS,
+                SLICES, SLICES_BLOCK, EARLY,
+            )  # fmt: skip
     _store_partials(DW_part, DB_part, lane, cols, col_ok, N, dw_acc, db_acc, HAS_W, HAS_B)
 
 
@@ -253,6 +280,7 @@ def norm_backward_coop(dy, dh, x, weight, bias, mean, rstd, is_rms, dx, setting,
         SLICES_BLOCK=next_power_of_2(slices),
         AHEAD=setting.ahead,
         EARLY=setting.early,
+        PREFETCH=setting.prefetch,
         num_warps=setting.warps,
         **options,
     )

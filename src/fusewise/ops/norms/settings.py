@@ -125,10 +125,12 @@ class Walk(NamedTuple):
 # LayerNorm's mean and variance in one walk (welford; results/h200_sweep_welford_bb46f68.txt,
 # the shipped before and after in the same run): bf16 65,536 71.5 -> 79.2 (16,384 on 32 warps);
 # everywhere else slower or level (bf16 32,768 93.0 -> 89.5 at best, fp32 65,536 76.5 -> 77.8).
-# Not shipped yet: the GPU suite could not run on it this session (device time); a candidate
-# entry is Walk(32769, 65536, 16384, 32, welford=True) for ("layer_norm", 2).
 FWD_WALK = {
-    ("layer_norm", 2): (Walk(8193, 16384, 4096, 16), Walk(16385, 32768, 8192, 32)),
+    ("layer_norm", 2): (
+        Walk(8193, 16384, 4096, 16),
+        Walk(16385, 32768, 8192, 32),
+        Walk(32769, 65536, 16384, 32, welford=True),
+    ),
     ("layer_norm", 4): (
         Walk(8192, 8192, 8192, 16),
         Walk(8193, 12288, 4096, 16),
@@ -172,6 +174,7 @@ class Coop(NamedTuple):
     ahead: bool = True  # the next group read and published before this one's wait
     early: bool = False  # x and dy read again before the wait (in flight during it, but held in
     # registers across it: LayerNorm bf16 at 4096 on 16 warps, ptxas 98 registers against 64)
+    prefetch: bool = False  # a group's x and dy loaded one publish ahead (held in registers)
 
 
 # The cooperative backward by (op, bytes per element); it takes precedence over BWD_CONFIGS and
