@@ -119,13 +119,13 @@ def test_cooperative_backward_through_the_ops(op, dname, device, monkeypatch):
 def test_cooperative_backward_takes_only_its_widths(device, monkeypatch):
     """A setting's widths, bounds included, and only them; the weight gradients deterministic."""
     calls = []
-    real = norm_launch.norm_backward_coop
+    real = KC.norm_backward_coop
 
     def spy(*args):
         calls.append(args[2].shape[1])
         return real(*args)
 
-    monkeypatch.setattr(norm_launch, "norm_backward_coop", spy)
+    monkeypatch.setattr(KC, "norm_backward_coop", spy)
     setting = norm_launch.Coop(200, 300, 64, 1, 4, 1)
     monkeypatch.setattr(norm_launch, "BWD_COOP", {("layer_norm", 4): (setting,)})
     for n in (199, 200, 300, 301):
@@ -165,9 +165,36 @@ def test_a_lane_wider_than_a_wave_is_refused():
     """Slices that cannot all be resident at once would wait on each other forever."""
     setting = norm_launch.Coop(1, 1 << 30, 32, 1, 4, 1)
     assert KC.schedule(10, 3 * 32, setting, 3, interpreted=False).parts == 3
+    assert not KC.fits(4 * 32, setting, 3, interpreted=False)
     with pytest.raises(ValueError, match="resident"):
         KC.schedule(10, 4 * 32, setting, 3, interpreted=False)
     assert KC.schedule(10, 4 * 32, setting, 3, interpreted=True).parts == 1
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        norm_launch.Coop(1, 1 << 30, 48, 1, 4, 1),  # slice not a power of two
+        norm_launch.Coop(1, 1 << 30, 32, 3, 4, 1),  # rows not a power of two
+        norm_launch.Coop(1, 1 << 30, 32, 1, 16, 8),  # 128 warps a multiprocessor
+    ],
+)
+def test_a_setting_the_kernel_cannot_take_is_refused(setting):
+    with pytest.raises(ValueError, match="powers of two and per_sm"):
+        KC.schedule(10, 96, setting, 132, interpreted=False)
+
+
+def test_a_setting_too_wide_for_this_gpu_gives_way(device, monkeypatch):
+    """Where a row's slices outnumber the programs resident at once (a setting tuned on a
+    bigger GPU), the fused or split kernels take the rows, with the right result."""
+    monkeypatch.setattr(norm_launch, "_programs_per_wave", lambda dev: 1)
+    monkeypatch.setattr(KC, "interpreted_on", lambda dev: False)  # as a GPU lays it out
+    monkeypatch.setattr(KC, "norm_backward_coop", None)  # never called
+    _coop_everywhere(monkeypatch, norm_launch.Coop(1, 1 << 30, 32, 1, 4, 2))
+    x, dy, dh, w, b, mean, rstd = _inputs("layer_norm", 9, 100, device)  # 4 slices > 2
+    got, want = _backward(x, dy, dh, w, b, mean, rstd, False)
+    for g, r in zip(got, want):
+        assert _rel(g, r) < 1e-6
 
 
 def test_schedule_of_real_shapes():

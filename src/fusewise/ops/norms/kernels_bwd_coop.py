@@ -25,9 +25,9 @@ so the wait overlaps the next loads; PREFETCH issues a group's loads one publish
 that memory's latency is off the chain of dependent steps.
 Deadlock-free without co-residency of the whole grid: blocks are dispatched in order, so a
 waiting program's lane-mates are resident or about to be (the host keeps a lane within one wave).
-The wait is bounded all the same (SPIN_LIMIT reads, seconds): past it dx is written NaN, never a
-silently wrong value. Under Triton's interpreter programs run one after another, so there one
-program takes a whole row (K = SLICES slices a program) and never waits.
+The wait is bounded all the same (SPIN_LIMIT reads, about a second): past it dx is written
+NaN, never a silently wrong value. Under Triton's interpreter programs run one after another,
+so there one program takes a whole row (K = SLICES slices a program) and never waits.
 
 The weight gradients: each program's fp32 accumulators summed over rows into row `lane` of
 DW_part / DB_part at the end (its columns), then sum_partials_kernel, as the other kernels.
@@ -42,7 +42,8 @@ import triton.language as tl
 from .._launch import INTERPRETED, cdiv, launch, next_power_of_2
 from .kernels_bwd import _accumulate, _store_dx, _store_partials, _xhat
 
-SPIN_LIMIT = tl.constexpr(1 << 24)  # reads of a group's sums before giving up (~10 s)
+SPIN_LIMIT = tl.constexpr(1 << 20)  # reads of a group's sums before giving up (~1 s; a real
+# wait is microseconds)
 # Sums is filled with this before the launch, a word no fp32 arithmetic writes (a signalling NaN:
 # NaN results are the GPU's canonical 0x7FFFFFFF), so a sum still equal to it is unpublished.
 SENTINEL_BITS = 0x7FBADBAD
@@ -220,19 +221,45 @@ class Schedule(NamedTuple):
     per_lane: int  # row groups a lane
 
 
-def schedule(m: int, n: int, setting, wave: int, interpreted: bool) -> Schedule:
-    """How the cooperative backward (settings.Coop `setting`) splits [m, n] rows; `wave`: the
-    multiprocessors, times setting.per_sm the programs resident at once. Raises ValueError where
-    a lane's programs could not all be resident together (they would wait on each other)."""
+def _slicing(n: int, setting, interpreted: bool) -> tuple[int, int, int]:
+    """(columns a slice, slices a row, slices a program) for rows of n elements."""
     slice_ = min(setting.slice, next_power_of_2(n))
     slices = cdiv(n, slice_)
-    k = 1
     if interpreted:
         # the interpreter runs programs one after another: one program takes the whole row, its
         # columns a power of two (the slices past the row's end are masked off)
-        slices = k = next_power_of_2(slices)
+        slices = next_power_of_2(slices)
+        return slice_, slices, slices
+    return slice_, slices, 1
+
+
+def interpreted_on(device) -> bool:
+    """Whether the kernel runs under Triton's interpreter for tensors on `device`."""
+    return bool(INTERPRETED.value) or device.type != "cuda"
+
+
+def fits(n: int, setting, wave: int, interpreted: bool) -> bool:
+    """Whether a row's programs can all be resident at once (setting.per_sm on each of `wave`
+    multiprocessors): else they could wait on each other forever. A setting tuned on an H200
+    may not fit a GPU of fewer multiprocessors (a MIG slice); the launcher then takes the
+    other kernels."""
+    _, slices, k = _slicing(n, setting, interpreted)
+    return slices // k <= setting.per_sm * wave
+
+
+def schedule(m: int, n: int, setting, wave: int, interpreted: bool) -> Schedule:
+    """How the cooperative backward (settings.Coop `setting`) splits [m, n] rows; `wave`: the
+    multiprocessors, times setting.per_sm the programs resident at once. Raises ValueError for a
+    setting the kernel cannot take, or one whose row does not fit (`fits`)."""
+    s = setting
+    if s.slice & (s.slice - 1) or s.rows & (s.rows - 1) or s.per_sm * s.warps > 64:
+        raise ValueError(
+            f"cooperative norm backward: {s} needs slice and rows powers of two and per_sm x"
+            " warps <= 64 (a multiprocessor's 2048 threads)"
+        )
+    slice_, slices, k = _slicing(n, setting, interpreted)
     parts = slices // k
-    if parts > setting.per_sm * wave:
+    if not fits(n, setting, wave, interpreted):
         raise ValueError(
             f"cooperative norm backward: {parts} slices of {slice_} a row cannot all be resident"
             f" at once ({setting.per_sm} programs a multiprocessor, {wave} multiprocessors)"
@@ -248,7 +275,7 @@ def norm_backward_coop(dy, dh, x, weight, bias, mean, rstd, is_rms, dx, setting,
     launch._finish_weight_grads. `wave`: the multiprocessors (schedule); `alloc`: launch.alloc."""
     m, n = x.shape
     dev = x.device
-    interpreted = INTERPRETED.value or dev.type != "cuda"
+    interpreted = interpreted_on(dev)
     plan = schedule(m, n, setting, wave, interpreted)
     slices, lanes = plan.slices, plan.lanes
     has_w, has_b = weight is not None, bias is not None

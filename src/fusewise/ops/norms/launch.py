@@ -17,7 +17,7 @@ import torch
 from .._launch import cdiv, launch, next_power_of_2, sm_count
 from . import kernels as K
 from . import kernels_bwd as KB
-from .kernels_bwd_coop import norm_backward_coop
+from . import kernels_bwd_coop as KC
 
 # the launchers read launch.BWD_CONFIGS, BWD_COOP, FWD_UNMASKED, FWD_WALK: tests and sweeps
 # replace them here
@@ -261,10 +261,10 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     op, size = op_name(is_rms, dh is not None), x.element_size()
     # BWD_COOP's say for this width, read on every call (a table replaced is seen)
     coop = next((c for c in BWD_COOP.get((op, size), ()) if c.narrowest <= n <= c.widest), None)
-    if coop is not None:
-        parts = norm_backward_coop(
-            dy, dh, x, weight, bias, mean, rstd, is_rms, dx, coop, _programs_per_wave(dev), alloc
-        )
+    wave = _programs_per_wave(dev)
+    if coop is not None and KC.fits(n, coop, wave, KC.interpreted_on(dev)):
+        args = (dy, dh, x, weight, bias, mean, rstd, is_rms, dx)
+        parts = KC.norm_backward_coop(*args, coop, wave, alloc)
         return dx, *_finish_weight_grads(*parts, weight, bias, dev)
     plan = _backward_plan(m, n, op, size, dev)
     if plan is None:
