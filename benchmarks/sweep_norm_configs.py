@@ -224,7 +224,7 @@ WIDTHS = {
     "fused16k": [16384],
     "lean": BLOCK_WIDTHS,
     "split": WIDE_WIDTHS,
-    "bwdcoop": [8192, 12288, 16384, 32768, 65536],
+    "bwdcoop": [8192, 12288, 16384, 32768, 65536, 262144],
 }
 
 
