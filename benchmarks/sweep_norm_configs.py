@@ -24,6 +24,8 @@ Parts (--parts):
   bwdcoop   the cooperative backward (settings.BWD_COOP: a row's slices in several programs,
             their row sums exchanged through global memory) at every width given, against the
             shipped before and after: slice, rows, warps, programs per SM, ahead, early
+  fwdcoop   the cooperative forward (settings.FWD_COOP: as bwdcoop, the slices exchanging
+            their statistics) against the shipped before and after
   split     the split backward (rows past the fused kernel's reach): tile rows, columns, warps,
             waves; the row sums' warps and unrolled loads
 
@@ -125,6 +127,14 @@ def settings(part: str, op: str):
             label += " ahead" * ahead + " early" * early + " prefetch" * prefetch
             yield label, {"BWD_COOP": {(op, 2): coop, (op, 4): coop}}
         yield "shipped#2", {}
+    elif part == "fwdcoop":
+        yield "shipped#1", {}
+        for slice_, rows, warps, per_sm, ahead, early, prefetch in FWD_COOPS:
+            coop = (L.Coop(1, 1 << 40, slice_, rows, warps, per_sm, ahead, early, prefetch),)
+            label = f"coop {rows}x{slice_} warps={warps} pps={per_sm}"
+            label += " ahead" * ahead + " early" * early + " prefetch" * prefetch
+            yield label, {"FWD_COOP": {(op, 2): coop, (op, 4): coop}}
+        yield "shipped#2", {}
     elif part == "split":
         for tm, tn, tw, waves, sw, unroll in [
             (4, 1024, 4, 4, 4, 4),
@@ -208,6 +218,18 @@ COOPS = [  # slice, rows, warps, per_sm, ahead, early, prefetch
     (8192, 1, 16, 1, True, False, False),
     (2048, 2, 8, 2, True, False, False),
 ]
+FWD_COOPS = [  # slice, rows, warps, per_sm, ahead, early, prefetch
+    (4096, 1, 8, 4, True, False, False),
+    (4096, 1, 16, 2, True, False, False),
+    (4096, 1, 8, 4, True, False, True),
+    (8192, 1, 16, 2, True, False, False),
+    (8192, 1, 16, 2, True, False, True),
+    (8192, 1, 32, 1, True, False, False),
+    (16384, 1, 32, 1, True, False, False),
+    (2048, 1, 8, 4, True, False, False),
+    (2048, 1, 4, 8, True, False, True),
+    (4096, 2, 16, 2, True, False, False),
+]
 WALKS = [(2048, 16), (4096, 16), (8192, 16), (8192, 32), (16384, 32), (32768, 32)]
 # rolled (results/h200_sweep_walk_rolled_7ab4d9a); unrolled at 2213a72 (h200_sweep_walk_2213a72)
 WALK_UNROLL = [False]
@@ -225,6 +247,7 @@ WIDTHS = {
     "lean": BLOCK_WIDTHS,
     "split": WIDE_WIDTHS,
     "bwdcoop": [8192, 12288, 16384, 32768, 65536, 262144],
+    "fwdcoop": [16384, 32768, 65536, 262144],
 }
 
 

@@ -1,5 +1,5 @@
-"""The norm forward kernels and the cooperative backward as the GPU's compiler sees them, on a
-machine without a GPU.
+"""The norm forward kernels and the cooperative backward and forward as the GPU's compiler sees
+them, on a machine without a GPU.
 
 The CPU suite runs every kernel under Triton's interpreter, which accepts code the GPU compiler
 refuses: at 2213a72 an eviction-policy default of "" in a helper passed every interpreted test
@@ -17,6 +17,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from fusewise.ops.norms import kernels as K
 from fusewise.ops.norms import kernels_bwd_coop as KC
+from fusewise.ops.norms import kernels_fwd_coop as KF
 
 TARGET = GPUTarget("cuda", 90, 32)
 ALIGNED = {"N", "stride_x", "stride_r", "stride_dy", "stride_dh"}
@@ -65,6 +66,13 @@ for dtype, (is_rms, has_res) in itertools.product(
         meta = dict(grads, ROWS=1, SLICE=512, K=1, SLICES=3, SLICES_BLOCK=4, AHEAD=ahead)
         meta |= dict(EARLY=ahead, PREFETCH=ahead)
         compile_for_gpu(KC.norm_bwd_coop_kernel, coop, meta, 4, 128)
+    # the cooperative forward the same way
+    coop = {**tensors, "Sums": "*fp32", "M": "i32", "N": "i32", **tail}
+    coop |= dict(lanes="i32", groups_per_lane="i32")
+    for ahead in (False, True):
+        meta = dict(ops, ROWS=1, SLICE=512, K=1, SLICES=3, SLICES_BLOCK=4, AHEAD=ahead)
+        meta |= dict(EARLY=ahead, PREFETCH=ahead)
+        compile_for_gpu(KF.norm_fwd_coop_kernel, coop, meta, 4, 128)
 print("compiled", compiled)
 """
 
@@ -75,6 +83,6 @@ def test_forward_kernels_compile_for_the_gpu():
         [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    # 2 dtypes x (3 ops x (2 block + 1 wide + 2 cooperative) + walks: 8 LayerNorm, 4 for each
-    # RMS op)
-    assert done.stdout.split() == ["compiled", "62"]
+    # 2 dtypes x (3 ops x (2 block + 1 wide + 2 cooperative backward + 2 cooperative forward)
+    # + walks: 8 LayerNorm, 4 for each RMS op)
+    assert done.stdout.split() == ["compiled", "74"]

@@ -114,6 +114,30 @@ def _unpublished(s1, s2, IS_RMS: tl.constexpr):
 
 
 @triton.jit
+def _wait_for_sums(
+    Sums, group, M, IS_RMS: tl.constexpr, ROWS: tl.constexpr, SLICES: tl.constexpr,
+    SLICES_BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Every slice's sums of the group's rows, [ROWS, SLICES_BLOCK] (0 past the last slice or
+    row; s2 is s1 for RMS), read until none is the sentinel or SPIN_LIMIT reads have passed; and
+    whether all were published (else the caller writes NaN)."""
+    rows = group * ROWS + tl.arange(0, ROWS)
+    slices = tl.arange(0, SLICES_BLOCK)
+    at = slices[None, :] * M + rows[:, None]
+    ok = (rows < M)[:, None] & (slices < SLICES)[None, :]
+    # volatile: every read goes to L2 (where the other programs' stores land), none from L1
+    s1 = tl.load(Sums + at, mask=ok, other=0.0, volatile=True)
+    s2 = s1 if IS_RMS else tl.load(Sums + SLICES * M + at, mask=ok, other=0.0, volatile=True)
+    spins = 0
+    while (_unpublished(s1, s2, IS_RMS) > 0) & (spins < SPIN_LIMIT):
+        s1 = tl.load(Sums + at, mask=ok, other=0.0, volatile=True)
+        if not IS_RMS:
+            s2 = tl.load(Sums + SLICES * M + at, mask=ok, other=0.0, volatile=True)
+        spins += 1
+    return s1, s2, _unpublished(s1, s2, IS_RMS) == 0
+
+
+@triton.jit
 def _finish(
     X, DY, DH, DX, Mean, Rstd, Sums, w, group, cols, col_ok, M, N, stride_x, stride_dy,
     stride_dh, IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_DH: tl.constexpr,
@@ -129,20 +153,7 @@ def _finish(
             X, DY, Mean, Rstd, group, cols, col_ok, M, stride_x, stride_dy, "evict_first",
             IS_RMS, ROWS,
         )  # fmt: skip
-    rows = group * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < M
-    slices = tl.arange(0, SLICES_BLOCK)
-    at = slices[None, :] * M + rows[:, None]
-    ok = row_ok[:, None] & (slices < SLICES)[None, :]
-    # volatile: every read goes to L2 (where the other programs' stores land), none from L1
-    s1 = tl.load(Sums + at, mask=ok, other=0.0, volatile=True)
-    s2 = s1 if IS_RMS else tl.load(Sums + SLICES * M + at, mask=ok, other=0.0, volatile=True)
-    spins = 0
-    while (_unpublished(s1, s2, IS_RMS) > 0) & (spins < SPIN_LIMIT):
-        s1 = tl.load(Sums + at, mask=ok, other=0.0, volatile=True)
-        if not IS_RMS:
-            s2 = tl.load(Sums + SLICES * M + at, mask=ok, other=0.0, volatile=True)
-        spins += 1
+    s1, s2, published = _wait_for_sums(Sums, group, M, IS_RMS, ROWS, SLICES, SLICES_BLOCK)
     if not EARLY:
         again = _load_group(
             X, DY, Mean, Rstd, group, cols, col_ok, M, stride_x, stride_dy, "evict_first",
@@ -154,7 +165,7 @@ def _finish(
     if not IS_RMS:
         dx -= (tl.sum(s2, axis=1) / N)[:, None]
     # past SPIN_LIMIT: NaN, never a silently wrong dx
-    dx = tl.where(_unpublished(s1, s2, IS_RMS) == 0, dx * rstd[:, None], float("nan"))
+    dx = tl.where(published, dx * rstd[:, None], float("nan"))
     _store_dx(dx, DH, DX, rows.to(tl.int64)[:, None], cols, mask, stride_dh, N, HAS_DH)
 
 
@@ -269,6 +280,22 @@ def schedule(m: int, n: int, setting, wave: int, interpreted: bool) -> Schedule:
     return Schedule(slice_, slices, k, parts, lanes, cdiv(groups, lanes))
 
 
+def unpublished_sums(count: int, device) -> torch.Tensor:
+    """The exchange buffer, fp32 words all holding the sentinel (not from launch.alloc: every
+    word must start as it)."""
+    return torch.full((count,), SENTINEL_BITS, dtype=torch.int32, device=device).view(torch.float32)
+
+
+def compile_options(setting, interpreted: bool) -> dict:
+    """num_warps, and on a GPU the registers capped so that setting.per_sm programs fit a
+    multiprocessor's 64K (ptxas otherwise takes ~100 for LayerNorm's backward at 16 warps, one
+    program a multiprocessor). The interpreter takes no compiler options."""
+    if interpreted:
+        return {"num_warps": setting.warps}
+    regs = min(255, 65536 // (setting.per_sm * setting.warps * 32) // 8 * 8)
+    return {"num_warps": setting.warps, "maxnreg": regs}
+
+
 def norm_backward_coop(dy, dh, x, weight, bias, mean, rstd, is_rms, dx, setting, wave, alloc):
     """Launch the cooperative backward (settings.Coop `setting`) writing dx; returns the fp32
     weight- and bias-gradient partials, [lanes, N] each (None where absent), for
@@ -279,18 +306,12 @@ def norm_backward_coop(dy, dh, x, weight, bias, mean, rstd, is_rms, dx, setting,
     plan = schedule(m, n, setting, wave, interpreted)
     slices, lanes = plan.slices, plan.lanes
     has_w, has_b = weight is not None, bias is not None
-    # the sentinel: unpublished (not from alloc: every word must start as it). The groups past
-    # the last row that AHEAD publishes write nothing (their rows are masked off).
-    sums = torch.full(((1 if is_rms else 2) * slices * m,), SENTINEL_BITS, dtype=torch.int32,
-                      device=dev).view(torch.float32)  # fmt: skip
+    # the groups past the last row that AHEAD publishes write nothing (their rows are masked off)
+    sums = unpublished_sums((1 if is_rms else 2) * slices * m, dev)
     partials = alloc((int(has_w) + int(has_b), lanes, n), torch.float32, dev)
     dw_part = partials[0] if has_w else None
     db_part = partials[-1] if has_b else None
     dh_arg = dh if dh is not None else dy
-    # registers capped so that per_sm programs fit a multiprocessor's 64K (ptxas otherwise takes
-    # ~100 for LayerNorm at 16 warps, one program a multiprocessor)
-    regs = min(255, 65536 // (setting.per_sm * setting.warps * 32) // 8 * 8)
-    options = {} if interpreted else {"maxnreg": regs}  # the interpreter takes no compiler options
     launch(
         norm_bwd_coop_kernel,
         (lanes * plan.parts,),
@@ -308,7 +329,6 @@ def norm_backward_coop(dy, dh, x, weight, bias, mean, rstd, is_rms, dx, setting,
         AHEAD=setting.ahead,
         EARLY=setting.early,
         PREFETCH=setting.prefetch,
-        num_warps=setting.warps,
-        **options,
+        **compile_options(setting, interpreted),
     )
     return dw_part, db_part

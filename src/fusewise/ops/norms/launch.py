@@ -18,10 +18,20 @@ from .._launch import cdiv, launch, next_power_of_2, sm_count
 from . import kernels as K
 from . import kernels_bwd as KB
 from . import kernels_bwd_coop as KC
+from . import kernels_fwd_coop as KF
 
-# the launchers read launch.BWD_CONFIGS, BWD_COOP, FWD_UNMASKED, FWD_WALK: tests and sweeps
-# replace them here
-from .settings import BWD_CONFIGS, BWD_COOP, FWD_UNMASKED, FWD_WALK, Bwd, Coop, Walk  # noqa: F401
+# the launchers read launch.BWD_CONFIGS, BWD_COOP, FWD_COOP, FWD_UNMASKED, FWD_WALK: tests and
+# sweeps replace them here
+from .settings import (  # noqa: F401
+    BWD_CONFIGS,
+    BWD_COOP,
+    FWD_COOP,
+    FWD_UNMASKED,
+    FWD_WALK,
+    Bwd,
+    Coop,
+    Walk,
+)
 
 # Widest row the forward keeps in registers; wider rows take the chunked wide path (FWD_WALK's
 # widths walk instead, on either side of it). The backward
@@ -191,9 +201,18 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
         return y, h, mean, rstd
     r = residual if residual is not None else x
     flags = (is_rms, weight is not None, bias is not None, residual is not None)
-    plan = _forward_plan(m, n, x.stride(0), r.stride(0), flags, x.element_size())
     h_buf = h if h is not None else y
     mean_buf = mean if mean is not None else rstd
+    # FWD_COOP's say for this width, read on every call (a table replaced is seen)
+    op = (op_name(is_rms, residual is not None), x.element_size())
+    coop = next((c for c in FWD_COOP.get(op, ()) if c.narrowest <= n <= c.widest), None)
+    if coop is not None:
+        wave = _programs_per_wave(dev)
+        if KC.fits(n, coop, wave, KC.interpreted_on(dev)):
+            buffers = (x, r, weight, bias, y, h_buf, mean_buf, rstd)
+            KF.norm_forward_coop(*buffers, eps, flags, coop, wave)
+            return y, h, mean, rstd
+    plan = _forward_plan(m, n, x.stride(0), r.stride(0), flags, x.element_size())
     args = (x, r, weight, bias, y, h_buf, mean_buf, rstd, *plan.ints, eps)
     launch(plan.kernel, plan.grid, *args, **plan.meta)
     return y, h, mean, rstd
