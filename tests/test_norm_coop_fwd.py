@@ -95,16 +95,28 @@ def test_cooperative_forward_without_weight_or_bias(has_w, has_b, device, monkey
     _assert_close(*_forward("layer_norm", x, r, w if has_w else None, b if has_b else None))
 
 
+def _outlier_first(x):
+    x[:, 0] = 1e4
+    return x
+
+
+@pytest.mark.parametrize(
+    "rows_of", [lambda x: x + 1000.0, _outlier_first], ids=["mean 1000", "1e4 first"]
+)
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
-def test_cooperative_statistics_far_from_zero(op, device, monkeypatch):
-    """Rows of mean 1000 and spread 2 in fp32: LayerNorm's slices send their sums of squares
-    about their own means, merged exactly, so its rstd is as accurate as the block kernel's
-    (two passes over a row in registers); a plain sum of squares would lose ~1e6/4 of it."""
-    x, r, w, b = _inputs(op, 16, 1000, device, offset=1000.0)
-    block = _forward(op, x, r, w, b)
+def test_cooperative_statistics_as_accurate_as_the_wide_kernel(op, rows_of, device, monkeypatch):
+    """fp32 rows far from zero, or with an outlier where a shift by the row's first element would
+    lose the rest (a review's finding): the merged slices' mean, rstd and y no worse than the
+    wide kernel's merged chunks (the path these widths took before), against float64."""
+    x, r, w, b = _inputs(op, 16, 1000, device)
+    x = rows_of(x)
+    monkeypatch.setattr(norm_launch, "FWD_WALK", {})
+    monkeypatch.setattr(norm_launch, "MAX_BLOCK_N_FWD", 128)
+    monkeypatch.setattr(norm_launch, "WIDE_CHUNK_FWD", 128)
+    wide = _forward(op, x, r, w, b)
     _coop_everywhere(monkeypatch, norm_launch.Coop(1, 1 << 30, 128, 1, 4, 2))
     coop = _forward(op, x, r, w, b)
-    for (got, want), (base, _) in zip(zip(*coop), zip(*block)):
+    for (got, want), (base, _) in zip(zip(*coop), zip(*wide)):
         if got is not None:
             assert _rel(got, want) <= 2 * _rel(base, want) + 1e-7
 
@@ -162,6 +174,16 @@ def test_a_slice_never_published_gives_nan_not_a_wrong_y(device, monkeypatch):
     _, want = _forward("layer_norm", x, r, w, b)
     assert torch.isnan(y[:, :slice_]).all() and torch.isnan(mean).all() and torch.isnan(rstd).all()
     assert _rel(y[:, slice_:], want[0][:, slice_:]) < 1e-6
+
+
+def test_rows_of_no_elements_take_the_other_kernels(device, monkeypatch):
+    """[m, 0]: no slices to split into; the launcher never calls the cooperative kernel."""
+    monkeypatch.setattr(KF, "norm_forward_coop", None)  # never called
+    _coop_everywhere(monkeypatch, norm_launch.Coop(0, 1 << 30, 32, 1, 4, 2))
+    for op in OPS:
+        x, r, w, b = _inputs(op, 3, 0, device)
+        got, want = _forward(op, x, r, w, b)
+        assert got[0].shape == (3, 0) and torch.isnan(got[-1]).all() == torch.isnan(want[-1]).all()
 
 
 def test_a_setting_too_wide_for_this_gpu_gives_way(device, monkeypatch):

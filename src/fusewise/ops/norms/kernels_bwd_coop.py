@@ -254,6 +254,8 @@ def fits(n: int, setting, wave: int, interpreted: bool) -> bool:
     multiprocessors): else they could wait on each other forever. A setting tuned on an H200
     may not fit a GPU of fewer multiprocessors (a MIG slice); the launcher then takes the
     other kernels."""
+    if n < 1:  # rows of no elements: no slices (the other kernels take them)
+        return False
     _, slices, k = _slicing(n, setting, interpreted)
     return slices // k <= setting.per_sm * wave
 
@@ -265,14 +267,14 @@ def schedule(m: int, n: int, setting, wave: int, interpreted: bool) -> Schedule:
     s = setting
     if s.slice & (s.slice - 1) or s.rows & (s.rows - 1) or s.per_sm * s.warps > 64:
         raise ValueError(
-            f"cooperative norm backward: {s} needs slice and rows powers of two and per_sm x"
+            f"cooperative norm kernel: {s} needs slice and rows powers of two and per_sm x"
             " warps <= 64 (a multiprocessor's 2048 threads)"
         )
     slice_, slices, k = _slicing(n, setting, interpreted)
     parts = slices // k
     if not fits(n, setting, wave, interpreted):
         raise ValueError(
-            f"cooperative norm backward: {parts} slices of {slice_} a row cannot all be resident"
+            f"cooperative norm kernel: {parts} slices of {slice_} a row cannot all be resident"
             f" at once ({setting.per_sm} programs a multiprocessor, {wave} multiprocessors)"
         )
     groups = cdiv(m, setting.rows)

@@ -12,8 +12,10 @@ the whole GPU), so each element comes from memory once.
 For a group of ROWS rows every part
   1. (publish) reads its slice of x (add+RMSNorm: x + residual, writing h), writes its
      statistics over the sentinel: RMSNorm the sum of squares; LayerNorm the sum and the sum of
-     squares about the slice's own mean, both of x less the row's first element, merged exactly
-     by the readers (Chan's update), so a mean far from zero costs no accuracy;
+     squares about the slice's own mean, merged by the readers with Chan's update, as the wide
+     kernel merges its chunks and TransformerEngine its CTAs (accuracy: as the wide kernel's,
+     tests/test_norm_coop_fwd.py; a shift by the row's first element was more accurate for rows
+     far from zero and far less for an outlier there, a review's finding);
   2. (finish) waits for every slice's statistics, merges them into the row's mean and rstd,
      reads its slice again and writes y; part 0 writes mean and rstd.
 AHEAD, EARLY and PREFETCH as in the backward. A wait past SPIN_LIMIT writes NaN.
@@ -47,16 +49,6 @@ def _load_x(X, R, H, group, cols, col_ok, M, N, stride_x, stride_r, HAS_RES: tl.
 
 
 @triton.jit
-def _shift(X, group, M, stride_x, ROWS: tl.constexpr):
-    """LayerNorm's statistics are of x less its row's first element, the same in every slice:
-    the slices' means then lie near 0, and their distances from the row's mean (Chan's merge)
-    keep their precision (about 1000, fp32 would leave them ~1e-4 of ulp)."""
-    rows = group * ROWS + tl.arange(0, ROWS)
-    first = tl.load(X + rows.to(tl.int64) * stride_x, mask=rows < M, other=0.0)
-    return first.to(tl.float32)[:, None]
-
-
-@triton.jit
 def _columns(slices, N, SLICE: tl.constexpr):
     """How many of the row's columns each slice holds (the last ragged, those past the row 0),
     in fp32."""
@@ -64,9 +56,8 @@ def _columns(slices, N, SLICE: tl.constexpr):
 
 
 @triton.jit
-def _publish(x, X, Sums, group, part, col_ok, M, N, stride_x, IS_RMS: tl.constexpr,
-             ROWS: tl.constexpr, K: tl.constexpr, SLICE: tl.constexpr,
-             SLICES: tl.constexpr):  # fmt: skip
+def _publish(x, Sums, group, part, col_ok, M, N, IS_RMS: tl.constexpr, ROWS: tl.constexpr,
+             K: tl.constexpr, SLICE: tl.constexpr, SLICES: tl.constexpr):  # fmt: skip
     """Step 1: this program's slices' statistics of the group's rows written over the sentinel
     (Sums[j, slice, row]; one 32-bit word each)."""
     rows = group * ROWS + tl.arange(0, ROWS)
@@ -76,7 +67,6 @@ def _publish(x, X, Sums, group, part, col_ok, M, N, stride_x, IS_RMS: tl.constex
     if IS_RMS:
         tl.store(Sums + at, _slice_sums(x * x, ROWS, K, SLICE), mask=row_ok)
     else:
-        x = tl.where(row_ok & col_ok[None, :], x - _shift(X, group, M, stride_x, ROWS), 0.0)
         total = _slice_sums(x, ROWS, K, SLICE)  # [ROWS, K]
         mean = total / tl.maximum(_columns(slices, N, SLICE), 1.0)[None, :]
         if K == 1:
@@ -115,12 +105,10 @@ def _finish(
         # Chan: the row's M2 is the slices' M2s plus each slice's columns times its mean's squared
         # distance from the row's (a slice of no columns adds 0)
         counts = _columns(tl.arange(0, SLICES_BLOCK), N, SLICE)[None, :]
-        shifted_mean = tl.sum(s1, axis=1) / N
-        apart = s1 / tl.maximum(counts, 1.0) - shifted_mean[:, None]
+        mean = tl.sum(s1, axis=1) / N
+        apart = s1 / tl.maximum(counts, 1.0) - mean[:, None]
         rstd = tl.rsqrt(tl.sum(s2 + counts * apart * apart, axis=1) / N + eps)
-        shift = _shift(X, group, M, stride_x, ROWS)
-        y = ((x - shift) - shifted_mean[:, None]) * rstd[:, None]
-        mean = shift.reshape([ROWS]) + shifted_mean
+        y = (x - mean[:, None]) * rstd[:, None]
     # past SPIN_LIMIT: NaN, never a silently wrong y
     rstd = tl.where(published, rstd, float("nan"))
     y = tl.where(published, y, float("nan"))
@@ -169,8 +157,7 @@ def norm_fwd_coop_kernel(
         else:
             x = _load_x(X, R, H, publishing, cols, col_ok, M, N, stride_x, stride_r, HAS_RES, True,
                         ROWS, "evict_last")  # fmt: skip
-        _publish(x, X, Sums, publishing, part, col_ok, M, N, stride_x, IS_RMS, ROWS, K, SLICE,
-                 SLICES)  # fmt: skip
+        _publish(x, Sums, publishing, part, col_ok, M, N, IS_RMS, ROWS, K, SLICE, SLICES)
         publishing += lanes
         if not AHEAD or i > 0:
             _finish(
