@@ -260,6 +260,16 @@ def fits(n: int, setting, wave: int, interpreted: bool) -> bool:
     return slices // k <= setting.per_sm * wave
 
 
+def pick(table: dict, op: str, x, wave: int):
+    """The setting of `table` (launch.FWD_COOP or BWD_COOP, by (op, bytes per element); read on
+    every call, so a table replaced is seen) for x's width, if it fits `wave`
+    multiprocessors (`fits`); else None, and the other kernels take the rows."""
+    n = x.shape[1]
+    entries = table.get((op, x.element_size()), ())
+    coop = next((c for c in entries if c.narrowest <= n <= c.widest), None)
+    return coop if coop is not None and fits(n, coop, wave, interpreted_on(x.device)) else None
+
+
 def schedule(m: int, n: int, setting, wave: int, interpreted: bool) -> Schedule:
     """How the cooperative backward (settings.Coop `setting`) splits [m, n] rows; `wave`: the
     multiprocessors, times setting.per_sm the programs resident at once. Raises ValueError for a

@@ -22,16 +22,7 @@ from . import kernels_fwd_coop as KF
 
 # the launchers read launch.BWD_CONFIGS, BWD_COOP, FWD_COOP, FWD_UNMASKED, FWD_WALK: tests and
 # sweeps replace them here
-from .settings import (  # noqa: F401
-    BWD_CONFIGS,
-    BWD_COOP,
-    FWD_COOP,
-    FWD_UNMASKED,
-    FWD_WALK,
-    Bwd,
-    Coop,
-    Walk,
-)
+from .settings import BWD_CONFIGS, BWD_COOP, FWD_COOP, FWD_UNMASKED, FWD_WALK, Bwd, Coop, Walk  # noqa: F401
 
 # Widest row the forward keeps in registers; wider rows take the chunked wide path (FWD_WALK's
 # widths walk instead, on either side of it). The backward
@@ -203,15 +194,11 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
     flags = (is_rms, weight is not None, bias is not None, residual is not None)
     h_buf = h if h is not None else y
     mean_buf = mean if mean is not None else rstd
-    # FWD_COOP's say for this width, read on every call (a table replaced is seen)
-    op = (op_name(is_rms, residual is not None), x.element_size())
-    coop = next((c for c in FWD_COOP.get(op, ()) if c.narrowest <= n <= c.widest), None)
+    wave = _programs_per_wave(dev)
+    coop = KC.pick(FWD_COOP, op_name(is_rms, residual is not None), x, wave)
     if coop is not None:
-        wave = _programs_per_wave(dev)
-        if KC.fits(n, coop, wave, KC.interpreted_on(dev)):
-            buffers = (x, r, weight, bias, y, h_buf, mean_buf, rstd)
-            KF.norm_forward_coop(*buffers, eps, flags, coop, wave)
-            return y, h, mean, rstd
+        KF.norm_forward_coop(x, r, weight, bias, y, h_buf, mean_buf, rstd, eps, flags, coop, wave)
+        return y, h, mean, rstd
     plan = _forward_plan(m, n, x.stride(0), r.stride(0), flags, x.element_size())
     args = (x, r, weight, bias, y, h_buf, mean_buf, rstd, *plan.ints, eps)
     launch(plan.kernel, plan.grid, *args, **plan.meta)
@@ -278,10 +265,9 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     if mean is None:  # RMS: the kernels never read it; any fp32 buffer holds the place
         mean = rstd
     op, size = op_name(is_rms, dh is not None), x.element_size()
-    # BWD_COOP's say for this width, read on every call (a table replaced is seen)
-    coop = next((c for c in BWD_COOP.get((op, size), ()) if c.narrowest <= n <= c.widest), None)
     wave = _programs_per_wave(dev)
-    if coop is not None and KC.fits(n, coop, wave, KC.interpreted_on(dev)):
+    coop = KC.pick(BWD_COOP, op, x, wave)
+    if coop is not None:
         args = (dy, dh, x, weight, bias, mean, rstd, is_rms, dx)
         parts = KC.norm_backward_coop(*args, coop, wave, alloc)
         return dx, *_finish_weight_grads(*parts, weight, bias, dev)
