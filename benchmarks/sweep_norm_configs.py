@@ -119,21 +119,16 @@ def settings(part: str, op: str):
             lean = label.startswith("lean")
             configs = {k: tuple(c._replace(lean=lean) for c in v) for k, v in L.BWD_CONFIGS.items()}
             yield label, {"BWD_CONFIGS": configs}
-    elif part == "bwdcoop":
+    elif part in ("bwdcoop", "fwdcoop"):
+        # the cooperative kernels' candidates (COOPS, FWD_COOPS) against the shipped, before
+        # and after
+        table, candidates = ("BWD_COOP", COOPS) if part == "bwdcoop" else ("FWD_COOP", FWD_COOPS)
         yield "shipped#1", {}
-        for slice_, rows, warps, per_sm, ahead, early, prefetch in COOPS:
+        for slice_, rows, warps, per_sm, ahead, early, prefetch in candidates:
             coop = (L.Coop(1, 1 << 40, slice_, rows, warps, per_sm, ahead, early, prefetch),)
             label = f"coop {rows}x{slice_} warps={warps} pps={per_sm}"
             label += " ahead" * ahead + " early" * early + " prefetch" * prefetch
-            yield label, {"BWD_COOP": {(op, 2): coop, (op, 4): coop}}
-        yield "shipped#2", {}
-    elif part == "fwdcoop":
-        yield "shipped#1", {}
-        for slice_, rows, warps, per_sm, ahead, early, prefetch in FWD_COOPS:
-            coop = (L.Coop(1, 1 << 40, slice_, rows, warps, per_sm, ahead, early, prefetch),)
-            label = f"coop {rows}x{slice_} warps={warps} pps={per_sm}"
-            label += " ahead" * ahead + " early" * early + " prefetch" * prefetch
-            yield label, {"FWD_COOP": {(op, 2): coop, (op, 4): coop}}
+            yield label, {table: {(op, 2): coop, (op, 4): coop}}
         yield "shipped#2", {}
     elif part == "split":
         for tm, tn, tw, waves, sw, unroll in [

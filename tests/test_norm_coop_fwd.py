@@ -6,7 +6,7 @@ slices a reshape), and the wait is tested by launching the kernel with one slice
 import pytest
 import torch
 import triton.language as tl
-from norm_cases import DTYPES, OPS, SLACK, check_op, make_inputs
+from norm_cases import COOP_CASES, DTYPES, OPS, SLACK, check_op, make_inputs
 
 from fusewise.ops.norms import kernels_bwd_coop as KC
 from fusewise.ops.norms import kernels_fwd_coop as KF
@@ -61,16 +61,7 @@ def _assert_close(got, want, tol=1e-6):
             assert _rel(g, r) < tol
 
 
-@pytest.mark.parametrize(
-    "m, n, slice_, rows, ahead, early, prefetch",
-    [
-        (37, 100, 32, 1, True, False, False),  # 4 slices, the last ragged; many groups a lane
-        (37, 100, 32, 1, True, False, True),
-        (9, 1823, 256, 2, False, True, True),  # 8 slices, the last ragged; a group ragged in rows
-        (5, 300, 128, 4, True, True, False),  # 3 slices (4 under the interpreter); one group
-        (64, 256, 256, 1, False, False, False),  # one slice: the row whole
-    ],
-)
+@pytest.mark.parametrize("m, n, slice_, rows, ahead, early, prefetch", COOP_CASES)
 @pytest.mark.parametrize("op", OPS)
 def test_cooperative_forward_against_float64(
     op, m, n, slice_, rows, ahead, early, prefetch, device, monkeypatch

@@ -59,6 +59,16 @@ def _slice_sums(v, ROWS: tl.constexpr, K: tl.constexpr, SLICE: tl.constexpr):
 
 
 @triton.jit
+def _program_columns(N, SLICE: tl.constexpr, K: tl.constexpr, SLICES: tl.constexpr):
+    """This program's lane and part (the grid is lanes × parts, part-fastest), its columns (K
+    slices of SLICE from part·K·SLICE) and which of them lie in the row."""
+    PARTS: tl.constexpr = SLICES // K
+    pid = tl.program_id(0)
+    cols = (pid % PARTS) * (K * SLICE) + tl.arange(0, K * SLICE)
+    return pid // PARTS, pid % PARTS, cols, cols < N
+
+
+@triton.jit
 def _load_group(X, DY, Mean, Rstd, group, cols, col_ok, M, stride_x, stride_dy,
                 EVICT: tl.constexpr, IS_RMS: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
     """This program's x and dy of the group's rows (in their dtype), the rows' mean and rstd."""
@@ -179,12 +189,7 @@ def norm_bwd_coop_kernel(
 ):  # fmt: skip
     """Program (lane, part) of the cooperative backward (the module's docstring); its columns
     are K slices of SLICE from part·K·SLICE."""
-    PARTS: tl.constexpr = SLICES // K
-    pid = tl.program_id(0)
-    lane = pid // PARTS
-    part = pid % PARTS
-    cols = part * (K * SLICE) + tl.arange(0, K * SLICE)
-    col_ok = cols < N
+    lane, part, cols, col_ok = _program_columns(N, SLICE, K, SLICES)
     w = tl.load(W + cols, mask=col_ok, other=0.0) if HAS_W else None
     # whole tiles accumulated, reduced over rows once at the end (see norm_bwd_block_kernel)
     dw_acc = tl.zeros([ROWS, K * SLICE], tl.float32)

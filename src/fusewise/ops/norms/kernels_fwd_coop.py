@@ -27,6 +27,7 @@ import triton.language as tl
 from .._launch import launch, next_power_of_2, round_to
 from .kernels import _load_row_tile
 from .kernels_bwd_coop import (
+    _program_columns,
     _slice_sums,
     _wait_for_sums,
     compile_options,
@@ -139,12 +140,7 @@ def norm_fwd_coop_kernel(
 ):  # fmt: skip
     """Program (lane, part) of the cooperative forward (the module's docstring); its columns are
     K slices of SLICE from part·K·SLICE."""
-    PARTS: tl.constexpr = SLICES // K
-    pid = tl.program_id(0)
-    lane = pid // PARTS
-    part = pid % PARTS
-    cols = part * (K * SLICE) + tl.arange(0, K * SLICE)
-    col_ok = cols < N
+    lane, part, cols, col_ok = _program_columns(N, SLICE, K, SLICES)
     publishing = lane
     if PREFETCH:
         nxt = _load_x(X, R, H, publishing, cols, col_ok, M, N, stride_x, stride_r, HAS_RES, True,
