@@ -5,7 +5,8 @@ from a CUDA graph so host overhead stays out, under each setting of the launch c
 the copy ceiling by the byte model (forward 2·M·N·s, backward 3·M·N·s; add_rms_norm 4 and 4).
 Ops: layer_norm, rms_norm, add_rms_norm. GPU only.
 
-Parts (--parts):
+Each setting's line ends with its largest error against float32 torch (y or dx, relative to
+the largest output), so a kernel that races shows. Parts (--parts):
   fwd       the forward with the shipped settings, every width
   bwd       the backward with the shipped settings, every width
   fwdblock  the forward's block path: elements per tile, elements per thread, most warps
@@ -40,6 +41,7 @@ import sys
 
 import _rows  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 import torch
+import torch.nn.functional as F
 import triton
 
 from fusewise import hardware
@@ -85,6 +87,27 @@ def measure(inputs, op, mode, n, dtype):
         passes = 3 + extra // 2
     ms = triton.testing.do_bench(_rows.graph_replay(run), warmup=10, rep=40, return_mode="median")
     return ms, passes * x.numel() * x.element_size()
+
+
+def relative_error(inputs, op, mode, n, dtype) -> float:
+    """max |fusewise - float32 torch| / max |torch| of y (forward) or dx (backward), on the
+    sweep's own inputs: a candidate that races, or gives up waiting, shows here and not only in
+    its time. NaN if any output is NaN; not checked (NaN) for add_rms_norm."""
+    x, r, w, b, dy, dh, xn, mean, rstd = inputs.get(op, n, dtype)
+    if r is not None:
+        return float("nan")
+    is_rms = op != "layer_norm"
+    xf = x.float().requires_grad_(mode == "bwd")
+    if is_rms:
+        ref = F.rms_norm(xf, (n,), w.float(), 1e-6)
+    else:
+        ref = F.layer_norm(xf, (n,), w.float(), b.float(), 1e-6)
+    if mode == "fwd":
+        got = L.norm_forward(x, r, w, b, 1e-6, is_rms)[0]
+    else:
+        (ref,) = torch.autograd.grad(ref, xf, dy.float())
+        got = L.norm_backward(dy, dh, xn, w, b, mean, rstd, is_rms)[0]
+    return ((got.float() - ref).abs().max() / ref.abs().max()).item()
 
 
 def _with_16384(op: str, setting):
@@ -266,7 +289,7 @@ def main() -> int:
             if label == next(settings(part, op))[0]:
                 print(f"# {part} {op} {mode} {dname}, widths {widths}", flush=True)
             saved = {k: getattr(L, k) for k in values}
-            cells, rows = [], []
+            cells, rows, error = [], [], 0.0
             try:
                 for k, v in values.items():
                     setattr(L, k, v)
@@ -281,6 +304,8 @@ def main() -> int:
                         print(f"#   {label} n={n}: {type(e).__name__}: {str(e)[:120]}")
                         cells.append(float("nan"))
                         continue
+                    e = relative_error(inputs, op, mode, n, DTYPES[dname])
+                    error = e if e != e or e > error else error  # NaN sticks
                     gbps = nbytes / ms / 1e6
                     cells.append(100 * gbps / ceiling)
                     shape = f"{args.elements // n}x{n}"
@@ -291,7 +316,8 @@ def main() -> int:
                     setattr(L, k, v)
             if args.csv:
                 _rows.append_csv(args.csv, rows)
-            print(f"{label:>40}: " + " ".join(f"{c:5.1f}" for c in cells), flush=True)
+            line = " ".join(f"{c:5.1f}" for c in cells)
+            print(f"{label:>40}: {line}  err {error:.1e}", flush=True)
     return 0
 
 
