@@ -16,7 +16,6 @@ kernel where it has none (the forward's block kernel). Inputs are assumed
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import re
 import subprocess
@@ -27,7 +26,6 @@ from triton.backends.compiler import GPUTarget
 
 from fusewise.ops.norms import kernels as K
 from fusewise.ops.norms import kernels_bwd as KB
-from fusewise.ops.norms import kernels_bwd_coop as KC
 from fusewise.ops.norms import launch as L
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -37,7 +35,7 @@ TYPES = {2: "bf16", 4: "fp32"}
 OPS = ("layer_norm", "rms_norm", "add_rms_norm")
 
 
-def _compile(fn, args: dict, constants: dict, warps: int, maxnreg=None):
+def _compile(fn, args: dict, constants: dict, warps: int):
     names = list(args) + list(constants)
     signature = {**args, **dict.fromkeys(constants, "constexpr")}
     attrs = {
@@ -46,7 +44,7 @@ def _compile(fn, args: dict, constants: dict, warps: int, maxnreg=None):
         if n in ALIGNED or signature[n].startswith("*")
     }
     src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
-    options = {"num_warps": warps} | ({"maxnreg": maxnreg} if maxnreg else {})
+    options = {"num_warps": warps}
     return triton.compile(src, target=TARGET, options=options)
 
 
@@ -112,36 +110,6 @@ def backward(op: str, size: int, width: int) -> tuple[str, dict]:
     )
 
 
-def cooperative(op: str, size: int, width: int, setting) -> tuple[str, dict]:
-    """The cooperative backward (settings.Coop) as on the GPU: one slice a program."""
-    t = "*" + TYPES[size]
-    args = dict(X=t, W=t, DY=t, DH=t, DX=t, Mean="*fp32", Rstd="*fp32", Sums="*fp32")
-    args |= dict(DW_part="*fp32", DB_part="*fp32", M="i32", N="i32")
-    args |= dict(stride_x="i32", stride_dy="i32", stride_dh="i32", lanes="i32")
-    args |= dict(groups_per_lane="i32")
-    slices = -(-width // setting.slice)
-    constants = dict(
-        IS_RMS=op != "layer_norm",
-        HAS_W=True,
-        HAS_B=op == "layer_norm",
-        HAS_DH=op == "add_rms_norm",
-        ROWS=setting.rows,
-        SLICE=setting.slice,
-        K=1,
-        SLICES=slices,
-        SLICES_BLOCK=1 << (slices - 1).bit_length(),
-        AHEAD=setting.ahead,
-        EARLY=setting.early,
-        PREFETCH=setting.prefetch,
-    )
-    regs = 65536 // (setting.per_sm * setting.warps * 32) // 8 * 8 if setting.per_sm > 1 else None
-    compiled = _compile(KC.norm_bwd_coop_kernel, args, constants, setting.warps, regs)
-    s = setting
-    label = f"bwd coop {s.rows}x{s.slice} warps={s.warps} ahead={s.ahead} early={s.early}"
-    label += f" prefetch={s.prefetch}"
-    return label, _counts(compiled)
-
-
 def forward(op: str, size: int, width: int) -> tuple[str, dict]:
     block_m, block_n, warps = L.block_config(width)
     t = "*" + TYPES[size]
@@ -162,25 +130,11 @@ def forward(op: str, size: int, width: int) -> tuple[str, dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--widths", help="widths to compile (default: each setting's widest)")
-    p.add_argument(
-        "--coop",
-        help="cooperative backward settings to compile instead, comma-separated, each "
-        "slice:rows:warps:per_sm:ahead:early:prefetch (the last three 0/1; registers capped so "
-        "that per_sm fit), at --widths (16384 by default)",
-    )
     args = p.parse_args()
     print(
         f"{'op':<13}{'dtype':<6}{'width':>7}  {'regs':>4} {'spill B':>7}"
         f" {'loop STL/LDL/BAR':>17}  kernel"
     )
-    if args.coop:
-        for spec, op, size in itertools.product(args.coop.split(","), OPS, TYPES):
-            slice_, rows, warps, per_sm, *flags = map(int, spec.split(":"))
-            setting = L.Coop(0, 0, slice_, rows, warps, per_sm, *map(bool, flags))
-            for width in [int(w) for w in (args.widths or "16384").split(",")]:
-                label, c = cooperative(op, size, width, setting)
-                _print(op, size, width, label, c)
-        return
     for (op, size), settings in L.BWD_CONFIGS.items():
         widths = (
             [int(w) for w in args.widths.split(",")]

@@ -22,11 +22,6 @@ the largest output), so a kernel that races shows. Parts (--parts):
   fused16k  the fused backward at 16384 (warps, x and dy read again or held) against the
             split kernels, two alternated rounds
   lean      A/B of the fused backward's `lean` (launch.Bwd), shipped settings otherwise
-  bwdcoop   the cooperative backward (settings.BWD_COOP: a row's slices in several programs,
-            their row sums exchanged through global memory) at every width given, against the
-            shipped before and after: slice, rows, warps, programs per SM, ahead, early
-  fwdcoop   the cooperative forward (settings.FWD_COOP: as bwdcoop, the slices exchanging
-            their statistics) against the shipped before and after
   split     the split backward (rows past the fused kernel's reach): tile rows, columns, warps,
             waves; the row sums' warps and unrolled loads
 
@@ -142,17 +137,6 @@ def settings(part: str, op: str):
             lean = label.startswith("lean")
             configs = {k: tuple(c._replace(lean=lean) for c in v) for k, v in L.BWD_CONFIGS.items()}
             yield label, {"BWD_CONFIGS": configs}
-    elif part in ("bwdcoop", "fwdcoop"):
-        # the cooperative kernels' candidates (COOPS, FWD_COOPS) against the shipped, before
-        # and after
-        table, candidates = ("BWD_COOP", COOPS) if part == "bwdcoop" else ("FWD_COOP", FWD_COOPS)
-        yield "shipped#1", {}
-        for slice_, rows, warps, per_sm, ahead, early, prefetch in candidates:
-            coop = (L.Coop(1, 1 << 40, slice_, rows, warps, per_sm, ahead, early, prefetch),)
-            label = f"coop {rows}x{slice_} warps={warps} pps={per_sm}"
-            label += " ahead" * ahead + " early" * early + " prefetch" * prefetch
-            yield label, {table: {(op, 2): coop, (op, 4): coop}}
-        yield "shipped#2", {}
     elif part == "split":
         for tm, tn, tw, waves, sw, unroll in [
             (4, 1024, 4, 4, 4, 4),
@@ -222,32 +206,6 @@ def settings(part: str, op: str):
         yield "shipped", {}
 
 
-COOPS = [  # slice, rows, warps, per_sm, ahead, early, prefetch
-    (4096, 1, 16, 2, True, False, False),
-    (4096, 1, 16, 2, True, True, False),
-    (4096, 1, 16, 1, True, False, False),
-    (4096, 1, 16, 2, False, False, False),
-    (2048, 1, 8, 4, True, False, False),
-    (2048, 1, 8, 3, True, False, False),
-    (1024, 1, 4, 8, True, False, False),
-    (1024, 1, 4, 6, True, False, True),
-    (4096, 1, 16, 1, True, False, True),
-    (2048, 1, 8, 2, True, False, True),
-    (8192, 1, 16, 1, True, False, False),
-    (2048, 2, 8, 2, True, False, False),
-]
-FWD_COOPS = [  # slice, rows, warps, per_sm, ahead, early, prefetch
-    (4096, 1, 8, 4, True, False, False),
-    (4096, 1, 16, 2, True, False, False),
-    (4096, 1, 8, 4, True, False, True),
-    (8192, 1, 16, 2, True, False, False),
-    (8192, 1, 16, 2, True, False, True),
-    (8192, 1, 32, 1, True, False, False),
-    (16384, 1, 32, 1, True, False, False),
-    (2048, 1, 8, 4, True, False, False),
-    (2048, 1, 4, 8, True, False, True),
-    (4096, 2, 16, 2, True, False, False),
-]
 WALKS = [(2048, 16), (4096, 16), (8192, 16), (8192, 32), (16384, 32), (32768, 32)]
 # rolled (results/h200_sweep_walk_rolled_7ab4d9a); unrolled at 2213a72 (h200_sweep_walk_2213a72)
 WALK_UNROLL = [False]
@@ -264,8 +222,6 @@ WIDTHS = {
     "fused16k": [16384],
     "lean": BLOCK_WIDTHS,
     "split": WIDE_WIDTHS,
-    "bwdcoop": [8192, 12288, 16384, 32768, 65536, 262144],
-    "fwdcoop": [16384, 32768, 65536, 262144],
 }
 
 

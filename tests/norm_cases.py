@@ -13,14 +13,6 @@ from fusewise.ops import reference
 SLACK = {torch.float32: 1e-6, torch.float16: 6e-5, torch.bfloat16: 5e-4}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 OPS = ("layer_norm", "rms_norm", "add_rms_norm")
-# The cooperative kernels' shapes and settings (m, n, slice, rows, ahead, early, prefetch)
-COOP_CASES = [
-    (37, 100, 32, 1, True, False, False),  # 4 slices, the last ragged; many groups a lane
-    (37, 100, 32, 1, True, False, True),
-    (9, 1823, 256, 2, False, True, True),  # 8 slices, the last ragged; a group ragged in rows
-    (5, 300, 128, 4, True, True, False),  # 3 slices (4 under the interpreter); one group
-    (64, 256, 256, 1, False, False, False),  # one slice: the row whole
-]
 
 
 def make_inputs(op, shape, dtype, device, *, weight_dtype=None, strided=False):

@@ -17,12 +17,9 @@ import torch
 from .._launch import cdiv, launch, next_power_of_2, sm_count
 from . import kernels as K
 from . import kernels_bwd as KB
-from . import kernels_bwd_coop as KC
-from . import kernels_fwd_coop as KF
 
-# the launchers read launch.BWD_CONFIGS, BWD_COOP, FWD_COOP, FWD_UNMASKED, FWD_WALK: tests and
-# sweeps replace them here
-from .settings import BWD_CONFIGS, BWD_COOP, FWD_COOP, FWD_UNMASKED, FWD_WALK, Bwd, Coop, Walk  # noqa: F401
+# the launchers read launch.BWD_CONFIGS, FWD_UNMASKED, FWD_WALK: tests and sweeps replace them here
+from .settings import BWD_CONFIGS, FWD_UNMASKED, FWD_WALK, Bwd, Walk  # noqa: F401
 
 # Widest row the forward keeps in registers; wider rows take the chunked wide path (FWD_WALK's
 # widths walk instead, on either side of it). The backward
@@ -194,11 +191,6 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
     flags = (is_rms, weight is not None, bias is not None, residual is not None)
     h_buf = h if h is not None else y
     mean_buf = mean if mean is not None else rstd
-    wave = _programs_per_wave(dev)
-    coop = KC.pick(FWD_COOP, op_name(is_rms, residual is not None), x, wave)
-    if coop is not None:
-        KF.norm_forward_coop(x, r, weight, bias, y, h_buf, mean_buf, rstd, eps, flags, coop, wave)
-        return y, h, mean, rstd
     plan = _forward_plan(m, n, x.stride(0), r.stride(0), flags, x.element_size())
     args = (x, r, weight, bias, y, h_buf, mean_buf, rstd, *plan.ints, eps)
     launch(plan.kernel, plan.grid, *args, **plan.meta)
@@ -265,12 +257,6 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     if mean is None:  # RMS: the kernels never read it; any fp32 buffer holds the place
         mean = rstd
     op, size = op_name(is_rms, dh is not None), x.element_size()
-    wave = _programs_per_wave(dev)
-    coop = KC.pick(BWD_COOP, op, x, wave)
-    if coop is not None:
-        args = (dy, dh, x, weight, bias, mean, rstd, is_rms, dx)
-        parts = KC.norm_backward_coop(*args, coop, wave, alloc)
-        return dx, *_finish_weight_grads(*parts, weight, bias, dev)
     plan = _backward_plan(m, n, op, size, dev)
     if plan is None:
         dw_part, db_part = _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms, dx)

@@ -158,29 +158,3 @@ FWD_WALK = {
 # RMSNorm fp32 32,768 90.9 -> 85.3. Of the three, LayerNorm and add+RMSNorm fp32 at 16,384 now
 # walk (FWD_WALK, which takes precedence).
 FWD_UNMASKED = {("add_rms_norm", 4): (32768,)}
-
-
-class Coop(NamedTuple):
-    """A cooperative backward or forward (kernels_bwd_coop, kernels_fwd_coop) for rows of
-    `narrowest` to `widest` elements: each row split into slices of `slice` columns (a power of
-    two), one program a slice, exchanging their partial row sums through global memory."""
-
-    narrowest: int
-    widest: int
-    slice: int
-    rows: int  # rows a group: a program's tile is rows × slice
-    warps: int
-    per_sm: int  # programs per multiprocessor the grid aims at
-    ahead: bool = True  # the next group read and published before this one's wait
-    early: bool = False  # x (and dy) read again before the wait (in flight during it, but held
-    # in registers across it: LayerNorm's backward, bf16, 4096 on 16 warps: ptxas 98 registers
-    # against 64)
-    prefetch: bool = False  # a group's x (and dy) loaded one publish ahead (held in registers)
-
-
-# The cooperative backward by (op, bytes per element); it takes precedence over BWD_CONFIGS and
-# the split kernels at its widths.
-BWD_COOP: dict = {}
-# The cooperative forward by (op, bytes per element); it takes precedence over FWD_WALK and the
-# block and wide kernels at its widths.
-FWD_COOP: dict = {}
