@@ -2,6 +2,8 @@
 the DataLoader, other host work), costed per step. Synthetic timelines (microseconds) keep the
 classification exact on the CPU; a GPU-only test profiles a real step."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -110,6 +112,41 @@ def test_findings_cost_the_idle_time_per_step_and_name_lines():
     assert found["launch-overhead"].evidence["profiled_step_ms"] == pytest.approx(
         synthetic().window[1] / 2e3
     )
+
+
+def launch_overhead_where(graph) -> tuple[str, str]:
+    (f,) = [f for f in find_gaps(synthetic(), graph) if f.kind == "launch-overhead"]
+    return f.where, f.evidence["launches_counted"]
+
+
+def test_the_launch_overhead_line_is_named_when_no_op_is_short():
+    # short ops: the line with most of them, though another line launches more long ones
+    graph = graph_with_short_ops()  # train.py:7 5 ops, train.py:9 3, of 4 us
+    for i in range(8, 14):
+        graph.ops.append(dataclasses.replace(graph.ops[0], index=i, where="train.py:11", ms=0.05))
+    assert launch_overhead_where(graph) == ("train.py:7", "ops under 10 us on the device")
+    # every kernel stretched past SHORT_OP_US (another process on the GPU): the line that
+    # launches most on the device, never "?"
+    for op in graph.ops:
+        op.ms = 0.05
+    assert launch_overhead_where(graph) == ("train.py:11", "ops on the device")
+    # no op timed: the line of most ops
+    for op in graph.ops:
+        op.ms = 0.0
+    assert launch_overhead_where(graph) == ("train.py:11", "ops (none was timed on the device)")
+
+
+def test_ops_of_no_known_line_are_not_named_and_views_not_counted():
+    graph = graph_with_short_ops()  # train.py:7 5 ops, train.py:9 3
+    for i in range(8, 14):
+        graph.ops.append(dataclasses.replace(graph.ops[0], index=i, where="?"))
+    for i in range(14, 20):
+        graph.ops.append(dataclasses.replace(graph.ops[0], index=i, where="v.py:1", is_view=True))
+    where, _ = launch_overhead_where(graph)
+    assert where == "train.py:7"
+    for op in graph.ops:
+        op.where = "?"
+    assert launch_overhead_where(graph) == ("?", "no op of a known line")
 
 
 def test_idle_time_is_scaled_to_the_plain_step():

@@ -30,12 +30,26 @@ def analyze(obs, ceilings) -> list[Finding]:
     return find_gaps(obs.timeline, obs.graph, obs.median_ms, obs.loader_lines, tokens)
 
 
-def _short_op_lines(graph: OpGraph, n: int = 3) -> list[tuple[str, int]]:
-    """Lines that launch the most short ops (measured device time under SHORT_OP_US)."""
-    count = collections.Counter(
-        op.where for op in graph.ops if not op.is_view and 0 < op.ms * 1e3 < T.SHORT_OP_US
-    )
-    return count.most_common(n)
+def _launching_lines(graph: OpGraph, n: int = 3) -> tuple[list[tuple[str, int]], str]:
+    """The lines that launch the most ops, and which ops were counted: those under SHORT_OP_US
+    on the device (launch-bound on any GPU); if none was measured that short (another process on
+    the GPU stretches every kernel; a GPU test under pytest-xdist found "?" here), every op with
+    device time; if no op has any, every op. A launch gap is the host's time between launches,
+    whatever the kernels' length, so the line that launches most is the one to name either way.
+    Ops of no known line ("?") are not counted."""
+    ops = [op for op in graph.ops if not op.is_view]
+    for counted, chosen in (
+        (
+            f"ops under {T.SHORT_OP_US:g} us on the device",
+            [op for op in ops if 0 < op.ms * 1e3 < T.SHORT_OP_US],
+        ),
+        ("ops on the device", [op for op in ops if op.ms > 0]),
+        ("ops (none was timed on the device)", ops),
+    ):
+        count = collections.Counter(op.where for op in chosen if op.where != "?")
+        if count:
+            return count.most_common(n), counted
+    return [], "no op of a known line"
 
 
 def graph_prediction(
@@ -120,7 +134,7 @@ def find_gaps(
     out = []
     ms = per_step.get("launch-overhead", 0.0)
     if worth(ms):
-        lines = _short_op_lines(graph)
+        lines, counted = _launching_lines(graph)
         gaps = causes["launch-overhead"]
         predicted = graph_prediction(tl, step_ms, tokens_per_step, per_step)
         out.append(
@@ -137,7 +151,8 @@ def find_gaps(
                     gaps_per_step=len(gaps) / tl.steps,
                     median_gap_us=sorted(g1 - g0 for g0, g1 in gaps)[len(gaps) // 2],
                     kernels_per_step=len(tl.device) / tl.steps,
-                    lines_with_most_short_ops=[f"{w} ({c})" for w, c in lines],
+                    lines_with_most_launches=[f"{w} ({c})" for w, c in lines],
+                    launches_counted=counted,
                     **predicted,
                 ),
             )
