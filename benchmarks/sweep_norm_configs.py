@@ -22,6 +22,8 @@ the largest output), so a kernel that races shows. Parts (--parts):
   fused16k  the fused backward at 16384 (warps, x and dy read again or held) against the
             split kernels, two alternated rounds
   lean      A/B of the fused backward's `lean` (launch.Bwd), shipped settings otherwise
+  fwdcache  the walked and wide forwards with y stored streaming, and the wide kernel's loads
+            with eviction policies (launch.FWD_CACHE), against the shipped, alternated
   split     the split backward (rows past the fused kernel's reach): tile rows, columns, warps,
             waves; the row sums' warps and unrolled loads
 
@@ -137,6 +139,11 @@ def settings(part: str, op: str):
             lean = label.startswith("lean")
             configs = {k: tuple(c._replace(lean=lean) for c in v) for k, v in L.BWD_CONFIGS.items()}
             yield label, {"BWD_CONFIGS": configs}
+    elif part == "fwdcache":
+        # launch.FWD_CACHE 0 (shipped), 1 (y streamed), 2 (and the wide kernel's loads with
+        # eviction policies), alternated over two rounds
+        for r, cache in itertools.product((1, 2), (0, 1, 2)):
+            yield f"FWD_CACHE={cache} #{r}", {"FWD_CACHE": cache}
     elif part == "split":
         for tm, tn, tw, waves, sw, unroll in [
             (4, 1024, 4, 4, 4, 4),
@@ -212,6 +219,7 @@ WALK_UNROLL = [False]
 WIDTHS = {
     "fwdwalk": [8192, 12288, 16384, 32768, 65536, 262144],
     "fwdwelford": [8192, 12288, 16384, 32768, 65536, 262144],
+    "fwdcache": [16384, 32768, 65536, 131072, 262144],
     "fwd": BLOCK_WIDTHS + WIDE_WIDTHS,
     "bwd": BLOCK_WIDTHS + WIDE_WIDTHS,
     "fwdblock": [1024, 4096, 8192, 16384, 32768],

@@ -30,8 +30,9 @@ def compile_for_gpu(fn, args, constants, warps):
         if n in ALIGNED or signature[n].startswith("*")
     }
     src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
-    triton.compile(src, target=TARGET, options={"num_warps": warps})
+    kernel = triton.compile(src, target=TARGET, options={"num_warps": warps})
     compiled += 1
+    return kernel.asm["ptx"]
 
 
 compiled = 0
@@ -51,8 +52,14 @@ for dtype, (is_rms, has_res) in itertools.product(
                 continue
             meta = dict(ops, CHUNK=256, CHUNKS=2, EVEN=even, UNROLL=unroll, WELFORD=welford)
             compile_for_gpu(K.norm_fwd_walk_kernel, {**tensors, "N": "i32", **tail}, meta, 4)
+        meta = dict(ops, CHUNK=256, CHUNKS=2, EVEN=even, STREAM=True)  # launch.FWD_CACHE
+        ptx = compile_for_gpu(K.norm_fwd_walk_kernel, {**tensors, "N": "i32", **tail}, meta, 4)
+        assert "st.global.cs" in ptx
     wide = {**tensors, "N": "i32", **tail}
-    compile_for_gpu(K.norm_fwd_wide_kernel, wide, dict(ops, BLOCK_N=256), 4)
+    for cache in (0, 1, 2):
+        ptx = compile_for_gpu(K.norm_fwd_wide_kernel, wide, dict(ops, BLOCK_N=256, CACHE=cache), 4)
+        assert ("st.global.cs" in ptx) == (cache >= 1), cache
+        assert ("evict_last" in ptx) == (cache >= 2), cache
 print("compiled", compiled)
 """
 
@@ -63,5 +70,6 @@ def test_forward_kernels_compile_for_the_gpu():
         [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    # 2 dtypes x (3 ops x (2 block + 1 wide) + walks: 8 LayerNorm, 4 for each RMS op)
-    assert done.stdout.split() == ["compiled", "50"]
+    # 2 dtypes x (3 ops x (2 block + 2 streaming walks + 3 wide: FWD_CACHE 0-2) + walks: 8
+    # LayerNorm, 4 for each RMS op)
+    assert done.stdout.split() == ["compiled", "74"]

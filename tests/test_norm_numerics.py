@@ -401,6 +401,24 @@ def test_walk_path(op, dname, unroll, device, monkeypatch):
         check(op, make_inputs(op, shape, dtype, device, strided=strided), SLACK[dtype])
 
 
+@pytest.mark.parametrize("cache", [1, 2])
+@pytest.mark.parametrize("op", OPS)
+def test_wide_and_walk_paths_with_streaming_stores(op, cache, device, monkeypatch):
+    """launch.FWD_CACHE (y stored streaming; 2: the wide kernel's walks loaded evict-last, then
+    evict-first) changes where lines live in the cache, never a value: both paths against
+    float64, ragged chunks, strided rows."""
+    monkeypatch.setattr(norm_launch, "FWD_CACHE", cache)
+    flags, dtype = (op != "layer_norm", 1, op == "layer_norm", op == "add_rms_norm"), torch.bfloat16
+    for walk in [(), (norm_launch.Walk(1, 1 << 40, 128, 4),)]:
+        monkeypatch.setattr(norm_launch, "FWD_WALK", {(o, 2): walk for o in OPS})
+        monkeypatch.setattr(norm_launch, "MAX_BLOCK_N_FWD", 256)
+        monkeypatch.setattr(norm_launch, "WIDE_CHUNK_FWD", 128)
+        plan = norm_launch._forward_plan(9, 1823, 1823, 1823, flags, 2)
+        assert plan.meta.get("CACHE", plan.meta.get("STREAM")) == (cache if not walk else True)
+        for shape, strided in [((9, 1823), False), ((5, 512), True)]:
+            check(op, make_inputs(op, shape, dtype, device, strided=strided), SLACK[dtype])
+
+
 @pytest.mark.parametrize("unroll", [False, True], ids=["rolled", "unrolled"])
 @pytest.mark.parametrize("dname", list(DTYPES))
 def test_walk_path_layer_norm_in_two_walks(dname, unroll, device, monkeypatch):

@@ -39,8 +39,15 @@ def _load(ptrs, mask, EVEN: tl.constexpr, POLICY: tl.constexpr = None):
 
 
 @triton.jit
-def _store(ptrs, value, mask, EVEN: tl.constexpr):
-    if EVEN:
+def _store(ptrs, value, mask, EVEN: tl.constexpr, STREAM: tl.constexpr = False):
+    """tl.store, unmasked where EVEN; STREAM: as a streaming store (".cs", evict first), so that
+    the output's lines do not push out of L2 the input a later walk reads again."""
+    if STREAM:
+        if EVEN:
+            tl.store(ptrs, value, cache_modifier=".cs")
+        else:
+            tl.store(ptrs, value, mask=mask, cache_modifier=".cs")
+    elif EVEN:
         tl.store(ptrs, value)
     else:
         tl.store(ptrs, value, mask=mask)
@@ -142,8 +149,13 @@ def norm_fwd_wide_kernel(
     HAS_B: tl.constexpr,
     HAS_RES: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    CACHE: tl.constexpr = 0,
 ):
-    """One program per row of any width: chunked single-pass statistics, then a reverse pass."""
+    """One program per row of any width: chunked single-pass statistics, then a reverse pass.
+    CACHE (an experiment, launch.FWD_CACHE): 1 stores y streaming (_store's STREAM), 2 also
+    loads the first walk evict-last and the second evict-first."""
+    first: tl.constexpr = "evict_last" if CACHE >= 2 else None
+    second: tl.constexpr = "evict_first" if CACHE >= 2 else None
     row = tl.program_id(0)
     rows = tl.full([1], 0, tl.int32) + row
     offs = tl.arange(0, BLOCK_N)
@@ -154,7 +166,9 @@ def norm_fwd_wide_kernel(
     for c in range(0, n_chunks):
         cols = c * BLOCK_N + offs
         mask = (cols < N)[None, :]
-        x = _load_row_tile(X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES, True)
+        x = _load_row_tile(
+            X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES, True, False, first
+        )
         if IS_RMS:
             m2 += tl.sum(x * x, axis=1)
         else:
@@ -176,13 +190,16 @@ def norm_fwd_wide_kernel(
         mask = col_ok[None, :]
         # x + residual is recomputed rather than re-read from h: h's stores by other threads of
         # this program are not guaranteed visible without a barrier.
-        x = _load_row_tile(X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES, False)
+        x = _load_row_tile(
+            X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES, False, False, second
+        )
         y = (x if IS_RMS else x - mean[:, None]) * rstd[:, None]
         if HAS_W:
             y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if HAS_B:
             y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        tl.store(Y + row.to(tl.int64) * N + cols[None, :], _round(y, Y.dtype.element_ty), mask=mask)
+        y_ptrs = Y + row.to(tl.int64) * N + cols[None, :]
+        _store(y_ptrs, _round(y, Y.dtype.element_ty), mask, False, CACHE >= 1)
 
 
 @triton.jit
@@ -208,6 +225,7 @@ def norm_fwd_walk_kernel(
     EVEN: tl.constexpr,
     UNROLL: tl.constexpr = 1,
     WELFORD: tl.constexpr = False,
+    STREAM: tl.constexpr = False,
 ):
     """One program per row, walking it in CHUNKS chunks: the sum (LayerNorm) or the sum of
     squares (RMSNorm) into an elementwise accumulator reduced once, LayerNorm's centred sum of
@@ -215,7 +233,8 @@ def norm_fwd_walk_kernel(
     holds it across a reduction, so a program needs few registers and several rows are in flight
     on a multiprocessor (the shape of torch.compile's forward at these widths). UNROLL: chunks a
     loop step (CHUNKS: each walk's loads all in flight at once, at more registers); EVEN:
-    N == CHUNK * CHUNKS, no masks."""
+    N == CHUNK * CHUNKS, no masks; STREAM (an experiment, launch.FWD_CACHE): y stored streaming
+    (_store)."""
     rows = tl.full([1], 0, tl.int32) + tl.program_id(0)
     offs = tl.arange(0, CHUNK)
     acc = tl.zeros([1, CHUNK], tl.float32)
@@ -282,4 +301,4 @@ def norm_fwd_walk_kernel(
         if HAS_B:
             y = y + _load(B + cols, col_ok, EVEN, "evict_last").to(tl.float32)[None, :]
         y_ptrs = Y + rows.to(tl.int64)[:, None] * N + cols[None, :]
-        _store(y_ptrs, _round(y, Y.dtype.element_ty), mask, EVEN)
+        _store(y_ptrs, _round(y, Y.dtype.element_ty), mask, EVEN, STREAM)

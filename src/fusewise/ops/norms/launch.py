@@ -35,6 +35,11 @@ MAX_BLOCK_N = 16384  # a cap on BWD_CONFIGS' widest blocks (tests lower it)
 # 63% / 60%).
 WIDE_WARPS = 32
 WIDE_CHUNK_FWD = 32768
+# How the walked and wide forwards use the cache (an experiment: the sweep's part fwdcache): 0
+# as they always have; 1 y stored streaming (evict first), so that it does not push out of L2
+# the rows a later walk reads again; 2 also the wide kernel's first walk loaded evict-last and
+# its second evict-first (the walk kernel always loads so).
+FWD_CACHE = 0
 # Forward block-path tiles and warps, from the sweep on an H200 (bf16, 2**27 elements):
 # 2048-element tiles at 16 elements a thread (at most 16 warps) reached 93-97% of the copy
 # ceiling at widths 256..16384, but for LayerNorm at 8192; 32 elements a thread (70d96fb: 4
@@ -144,7 +149,7 @@ def _forward_plan(
     unmasked = n in FWD_UNMASKED.get(op, ())
     walk = next((w for w in FWD_WALK.get(op, ()) if w.narrowest <= n <= w.widest), None)
     key = (m, n, stride_x, stride_r, flags, unmasked, walk, MAX_BLOCK_N_FWD, WIDE_CHUNK_FWD)
-    key += (WIDE_WARPS, TILE_ELEMENTS_FWD, FWD_ELEMENTS_PER_THREAD, MAX_WARPS_FWD)  # tests
+    key += (WIDE_WARPS, TILE_ELEMENTS_FWD, FWD_ELEMENTS_PER_THREAD, MAX_WARPS_FWD, FWD_CACHE)
     plan = _fwd_plans.get(key)
     if plan is not None:
         return plan
@@ -156,9 +161,10 @@ def _forward_plan(
         chunks = cdiv(n, chunk)
         meta |= dict(CHUNK=chunk, CHUNKS=chunks, EVEN=n == chunk * chunks, num_warps=walk.warps)
         meta |= dict(UNROLL=chunks if walk.unroll else 1, WELFORD=walk.welford)
+        meta |= dict(STREAM=FWD_CACHE >= 1)
         plan = _FwdPlan(K.norm_fwd_walk_kernel, (m,), (n, stride_x, stride_r), meta)
     elif use_wide_path(n):
-        meta |= dict(BLOCK_N=WIDE_CHUNK_FWD, num_warps=WIDE_WARPS)
+        meta |= dict(BLOCK_N=WIDE_CHUNK_FWD, num_warps=WIDE_WARPS, CACHE=FWD_CACHE)
         plan = _FwdPlan(K.norm_fwd_wide_kernel, (m,), (n, stride_x, stride_r), meta)
     else:
         block_m, block_n, num_warps = block_config(n)
