@@ -152,7 +152,7 @@ def norm_fwd_wide_kernel(
     CACHE: tl.constexpr = 0,
 ):
     """One program per row of any width: chunked single-pass statistics, then a reverse pass.
-    CACHE (an experiment, launch.FWD_CACHE): 1 stores y streaming (_store's STREAM), 2 also
+    CACHE (launch.FWD_CACHE): 1 stores y streaming (_store's STREAM), 2 also
     loads the first walk evict-last and the second evict-first."""
     first: tl.constexpr = "evict_last" if CACHE >= 2 else None
     second: tl.constexpr = "evict_first" if CACHE >= 2 else None
@@ -233,8 +233,7 @@ def norm_fwd_walk_kernel(
     holds it across a reduction, so a program needs few registers and several rows are in flight
     on a multiprocessor (the shape of torch.compile's forward at these widths). UNROLL: chunks a
     loop step (CHUNKS: each walk's loads all in flight at once, at more registers); EVEN:
-    N == CHUNK * CHUNKS, no masks; STREAM (an experiment, launch.FWD_CACHE): y stored streaming
-    (_store)."""
+    N == CHUNK * CHUNKS, no masks; STREAM (launch.FWD_CACHE): y stored streaming (_store)."""
     rows = tl.full([1], 0, tl.int32) + tl.program_id(0)
     offs = tl.arange(0, CHUNK)
     acc = tl.zeros([1, CHUNK], tl.float32)

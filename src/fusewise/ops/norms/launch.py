@@ -35,11 +35,16 @@ MAX_BLOCK_N = 16384  # a cap on BWD_CONFIGS' widest blocks (tests lower it)
 # 63% / 60%).
 WIDE_WARPS = 32
 WIDE_CHUNK_FWD = 32768
-# How the walked and wide forwards use the cache (an experiment: the sweep's part fwdcache): 0
-# as they always have; 1 y stored streaming (evict first), so that it does not push out of L2
-# the rows a later walk reads again; 2 also the wide kernel's first walk loaded evict-last and
-# its second evict-first (the walk kernel always loads so).
-FWD_CACHE = 0
+# How the walked and wide forwards use the cache: 0 default stores and (wide kernel) loads; 1 y
+# stored streaming (evict first), so that it does not push out of L2 the rows a later walk reads
+# again; 2 also the wide kernel's first walk loaded evict-last and its second evict-first (the
+# walk kernel always loads so). The sweep (part fwdcache, H100, 2**27 elements, kernels only,
+# alternated over two rounds, within 0.7 between rounds, at afe4cac) gave 2 at 16,384-262,144:
+# walked widths +0 to +2.0 at 16,384-32,768 and +0.9 to +4.3 at 65,536 (RMSNorm fp32 83.2 ->
+# 87.5), the wide kernel +1 to +6 (LayerNorm fp32 65,536 76.4 -> 82.3, bf16 131,072 72.7 ->
+# 77.0, 262,144 67.6 -> 69.0); slower only for add+RMSNorm bf16 at 16,384-32,768, 101.4 -> 101.0
+# in both rounds.
+FWD_CACHE = 2
 # Forward block-path tiles and warps, from the sweep on an H200 (bf16, 2**27 elements):
 # 2048-element tiles at 16 elements a thread (at most 16 warps) reached 93-97% of the copy
 # ceiling at widths 256..16384, but for LayerNorm at 8192; 32 elements a thread (70d96fb: 4
