@@ -39,7 +39,8 @@ WIDE_CHUNK_FWD = 32768
 # stored streaming (evict first), so that it does not push out of L2 the rows a later walk reads
 # again; 2 also the wide kernel's first walk loaded evict-last and its second evict-first (the
 # walk kernel always loads so). The sweep (part fwdcache, H100, 2**27 elements, kernels only,
-# alternated over two rounds, within 0.7 between rounds, at afe4cac) gave 2 at 16,384-262,144:
+# alternated over two rounds, within 0.7 between rounds but in one cell, at afe4cac) gave 2 at
+# 16,384-262,144:
 # walked widths +0 to +2.0 at 16,384-32,768 and +0.9 to +4.3 at 65,536 (RMSNorm fp32 83.2 ->
 # 87.5), the wide kernel +1 to +6 (LayerNorm fp32 65,536 76.4 -> 82.3, bf16 131,072 72.7 ->
 # 77.0, 262,144 67.6 -> 69.0); slower only for add+RMSNorm bf16 at 16,384-32,768, 101.4 -> 101.0
