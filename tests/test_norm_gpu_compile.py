@@ -51,8 +51,10 @@ for dtype, (is_rms, has_res) in itertools.product(
             if welford and is_rms:  # LayerNorm's alone
                 continue
             meta = dict(ops, CHUNK=256, CHUNKS=2, EVEN=even, UNROLL=unroll, WELFORD=welford)
+            # every parameter given: Triton 3.9 compiles an omitted default as None
+            meta |= dict(STREAM=False)
             compile_for_gpu(K.norm_fwd_walk_kernel, {**tensors, "N": "i32", **tail}, meta, 4)
-        meta = dict(ops, CHUNK=256, CHUNKS=2, EVEN=even, STREAM=True)  # launch.FWD_CACHE
+        meta = dict(ops, CHUNK=256, CHUNKS=2, EVEN=even, UNROLL=1, WELFORD=False, STREAM=True)
         ptx = compile_for_gpu(K.norm_fwd_walk_kernel, {**tensors, "N": "i32", **tail}, meta, 4)
         assert "st.global.cs" in ptx
     wide = {**tensors, "N": "i32", **tail}
