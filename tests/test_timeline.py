@@ -116,7 +116,7 @@ def test_findings_cost_the_idle_time_per_step_and_name_lines():
 
 def launch_overhead_where(graph) -> tuple[str, str]:
     (f,) = [f for f in find_gaps(synthetic(), graph) if f.kind == "launch-overhead"]
-    return f.where, f.evidence["launches_counted"]
+    return f.where, f.evidence["ops_counted"]
 
 
 def test_the_launch_overhead_line_is_named_when_no_op_is_short():
@@ -142,11 +142,15 @@ def test_ops_of_no_known_line_are_not_named_and_views_not_counted():
         graph.ops.append(dataclasses.replace(graph.ops[0], index=i, where="?"))
     for i in range(14, 20):
         graph.ops.append(dataclasses.replace(graph.ops[0], index=i, where="v.py:1", is_view=True))
-    where, _ = launch_overhead_where(graph)
-    assert where == "train.py:7"
+    assert launch_overhead_where(graph) == ("train.py:7", "ops under 10 us on the device")
+    # the short ops of no known line: none named, not the line of a few long ops instead
     for op in graph.ops:
         op.where = "?"
-    assert launch_overhead_where(graph) == ("?", "no op of a known line")
+    graph.ops.append(dataclasses.replace(graph.ops[0], index=20, where="train.py:20", ms=0.5))
+    assert launch_overhead_where(graph) == (
+        "?",
+        "ops under 10 us on the device, none of a known line",
+    )
 
 
 def test_idle_time_is_scaled_to_the_plain_step():

@@ -36,20 +36,20 @@ def _launching_lines(graph: OpGraph, n: int = 3) -> tuple[list[tuple[str, int]],
     the GPU stretches every kernel; a GPU test under pytest-xdist found "?" here), every op with
     device time; if no op has any, every op. A launch gap is the host's time between launches,
     whatever the kernels' length, so the line that launches most is the one to name either way.
-    Ops of no known line ("?") are not counted."""
+    The ops counted are chosen before their lines are looked at: where they have no known line
+    ("?"), none is named (never a line of the next kind of ops in their place)."""
     ops = [op for op in graph.ops if not op.is_view]
+    short = [op for op in ops if 0 < op.ms * 1e3 < T.SHORT_OP_US]
+    timed = [op for op in ops if op.ms > 0]
     for counted, chosen in (
-        (
-            f"ops under {T.SHORT_OP_US:g} us on the device",
-            [op for op in ops if 0 < op.ms * 1e3 < T.SHORT_OP_US],
-        ),
-        ("ops on the device", [op for op in ops if op.ms > 0]),
+        (f"ops under {T.SHORT_OP_US:g} us on the device", short),
+        ("ops on the device", timed),
         ("ops (none was timed on the device)", ops),
     ):
-        count = collections.Counter(op.where for op in chosen if op.where != "?")
-        if count:
-            return count.most_common(n), counted
-    return [], "no op of a known line"
+        if chosen:
+            count = collections.Counter(op.where for op in chosen if op.where != "?")
+            return count.most_common(n), counted + ("" if count else ", none of a known line")
+    return [], "no ops"
 
 
 def graph_prediction(
@@ -151,8 +151,8 @@ def find_gaps(
                     gaps_per_step=len(gaps) / tl.steps,
                     median_gap_us=sorted(g1 - g0 for g0, g1 in gaps)[len(gaps) // 2],
                     kernels_per_step=len(tl.device) / tl.steps,
-                    lines_with_most_launches=[f"{w} ({c})" for w, c in lines],
-                    launches_counted=counted,
+                    lines_with_most_ops=[f"{w} ({c})" for w, c in lines],
+                    ops_counted=counted,
                     **predicted,
                 ),
             )
