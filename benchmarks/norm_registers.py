@@ -44,8 +44,7 @@ def _compile(fn, args: dict, constants: dict, warps: int):
         if n in ALIGNED or signature[n].startswith("*")
     }
     src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
-    options = {"num_warps": warps}
-    return triton.compile(src, target=TARGET, options=options)
+    return triton.compile(src, target=TARGET, options={"num_warps": warps})
 
 
 def _counts(compiled) -> dict:

@@ -86,10 +86,10 @@ def measure(inputs, op, mode, n, dtype):
     return ms, passes * x.numel() * x.element_size()
 
 
-def relative_error(inputs, op, mode, n, dtype) -> float:
+def relative_error(inputs, op, mode, n, dtype) -> float | None:
     """max |fusewise - float32 torch| / max |torch| of y (forward) or dx (backward), on the
-    sweep's own inputs: a candidate that races, or gives up waiting, shows here and not only in
-    its time. NaN if any output is NaN; None (not checked) for add_rms_norm."""
+    sweep's own inputs: a candidate that computes a wrong value (a race, a mask) shows here and
+    not only in its time. NaN if any output is NaN; None (not checked) for add_rms_norm."""
     x, r, w, b, dy, dh, xn, mean, rstd = inputs.get(op, n, dtype)
     if r is not None:
         return None
