@@ -16,6 +16,7 @@ kernel where it has none (the forward's block kernel). Inputs are assumed
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import re
 import subprocess
@@ -26,6 +27,7 @@ from triton.backends.compiler import GPUTarget
 
 from fusewise.ops.norms import kernels as K
 from fusewise.ops.norms import kernels_bwd as KB
+from fusewise.ops.norms import kernels_bwd_sliced as KBS
 from fusewise.ops.norms import launch as L
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -91,12 +93,23 @@ def backward(op: str, size: int, width: int) -> tuple[str, dict]:
     t = "*" + TYPES[size]
     args = dict(X=t, W=t, DY=t, DH=t, DX=t, Mean="*fp32", Rstd="*fp32", DW_part="*fp32")
     args |= dict(DB_part="*fp32", M="i32", N="i32", stride_x="i32", stride_dy="i32")
-    args |= dict(stride_dh="i32", n_programs="i32", tiles_per_program="i32")
-    constants = dict(
+    args |= dict(stride_dh="i32")
+    flags = dict(
         IS_RMS=op != "layer_norm",
         HAS_W=True,
         HAS_B=op == "layer_norm",
         HAS_DH=op == "add_rms_norm",
+    )
+    if s.slice:
+        args |= dict(groups="i32", rows_per_program="i32")
+        slices, chunk = -(-width // block_n), min(s.tile, block_n)
+        constants = flags | dict(SLICES=slices, BLOCK_S=block_n, CHUNK=chunk, UNROLL=s.unroll)
+        label = f"bwd sliced {slices}x{block_n} chunk={chunk} warps={s.warps} {s.unroll=}"
+        label = label.replace("s.", "")
+        return label, _counts(_compile(KBS.norm_bwd_sliced_kernel, args, constants, s.warps))
+    args |= dict(n_programs="i32", tiles_per_program="i32")
+    constants = dict(
+        **flags,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         PREFETCH=s.prefetch,
@@ -129,7 +142,14 @@ def forward(op: str, size: int, width: int) -> tuple[str, dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--widths", help="widths to compile (default: each setting's widest)")
+    p.add_argument(
+        "--sliced",
+        help="the sliced backward, not the shipped settings: slice:chunk:warps[:unroll],...",
+    )
     args = p.parse_args()
+    if args.sliced:
+        _sliced(args.sliced, [int(w) for w in (args.widths or "12288,16384,32768").split(",")])
+        return
     print(
         f"{'op':<13}{'dtype':<6}{'width':>7}  {'regs':>4} {'spill B':>7}"
         f" {'loop STL/LDL/BAR':>17}  kernel"
@@ -146,6 +166,20 @@ def main() -> None:
                     print(f"{op:<13}{TYPES[size]:<6}{width:>7}  backward on the split kernels")
                     continue
                 _print(op, size, width, *stage(op, size, width))
+
+
+def _sliced(candidates: str, widths: list[int]) -> None:
+    """Each slice:chunk:warps setting of the sliced backward, every op and dtype, at widths."""
+    for cand in candidates.split(","):
+        sl, chunk, warps, unroll = (int(v) for v in (cand + ":0").split(":")[:4])
+        setting = (L.Bwd(1 << 40, chunk, warps, 1, slice=sl, unroll=bool(unroll)),)
+        saved = L.BWD_CONFIGS
+        L.BWD_CONFIGS = dict.fromkeys(saved, setting)
+        try:
+            for (op, size), width in itertools.product(saved, widths):
+                _print(op, size, width, *backward(op, size, width))
+        finally:
+            L.BWD_CONFIGS = saved
 
 
 def _print(op: str, size: int, width: int, label: str, c: dict) -> None:

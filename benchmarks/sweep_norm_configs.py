@@ -24,6 +24,8 @@ the largest output), so a kernel that races shows. Parts (--parts):
   lean      A/B of the fused backward's `lean` (launch.Bwd), shipped settings otherwise
   fwdcache  the walked and wide forwards with y stored streaming, and the wide kernel's loads
             with eviction policies (launch.FWD_CACHE), against the shipped, alternated
+  sliced    the backward with a row's columns shared out among programs (Bwd.slice): slice,
+            chunk, warps, programs a multiprocessor, at 12,288-65,536, against the shipped
   split     the split backward (rows past the fused kernel's reach): tile rows, columns, warps,
             waves; the row sums' warps and unrolled loads
 
@@ -146,6 +148,15 @@ def settings(part: str, op: str):
             lean = label.startswith("lean")
             configs = {k: tuple(c._replace(lean=lean) for c in v) for k, v in L.BWD_CONFIGS.items()}
             yield label, {"BWD_CONFIGS": configs}
+    elif part == "sliced":
+        # the backward with a row's columns shared out among programs (Bwd.slice), every width
+        # of the part on one setting, against the shipped before and after
+        yield "shipped#1", {}
+        for sl, chunk, warps, pps, unroll in SLICED:
+            one = (L.Bwd(1 << 40, chunk, warps, pps, slice=sl, unroll=unroll),)
+            label = f"slice={sl} chunk={chunk} warps={warps} pps={pps}{' unrolled' * unroll}"
+            yield label, {"BWD_CONFIGS": {**L.BWD_CONFIGS, (op, 2): one, (op, 4): one}}
+        yield "shipped#2", {}
     elif part == "fwdcache":
         # launch.FWD_CACHE 0 (shipped), 1 (y streamed), 2 (and the wide kernel's loads with
         # eviction policies), alternated over two rounds
@@ -220,6 +231,16 @@ def settings(part: str, op: str):
         yield "shipped", {}
 
 
+# (slice, chunk, warps, programs a multiprocessor, unrolled): ptxas for sm_90a gives LayerNorm
+# bf16 at 16,384 112 / 116 / 115 / 127 / 144 registers a thread, so 2 / 4 / 1 / 2 / 3 programs a
+# multiprocessor (benchmarks/norm_registers.py --sliced)
+SLICED = [
+    (4096, 2048, 8, 2, False),
+    (2048, 2048, 4, 4, False),
+    (8192, 4096, 16, 1, False),
+    (4096, 4096, 8, 2, True),
+    (4096, 1024, 4, 3, False),
+]
 WALKS = [(2048, 16), (4096, 16), (8192, 16), (8192, 32), (16384, 32), (32768, 32)]
 # rolled (results/h200_sweep_walk_rolled_7ab4d9a); unrolled at 2213a72 (h200_sweep_walk_2213a72)
 WALK_UNROLL = [False]
@@ -237,6 +258,7 @@ WIDTHS = {
     "fused16k": [16384],
     "lean": BLOCK_WIDTHS,
     "split": WIDE_WIDTHS,
+    "sliced": [12288, 16384, 32768, 65536],
 }
 
 

@@ -113,7 +113,7 @@ def test_small_backward_is_one_launch_of_one_program(op, device, monkeypatch):
     """8 x 256 in bf16: every tile in one program, which writes dweight (and dbias) itself."""
     a = make_inputs(op, (8, 256), torch.bfloat16, device)
     plan = norm_launch._backward_plan(8, 256, op, 2, a["x"].device)
-    assert plan is not None and plan.programs == 1
+    assert plan is not None and plan.groups == 1
     launches = _count_launches(monkeypatch)
     check(op, a, SLACK[torch.bfloat16])
     kernels = [name for name, _ in launches]
@@ -134,8 +134,8 @@ def test_one_program_and_many_agree_with_float64(op, dname, single, device, monk
         m, n = shape
         plan = norm_launch._backward_plan(m, n, op, dtype.itemsize, torch.device(device))
         n_tiles = -(-m // plan.block_m)
-        assert plan.programs == (1 if single else min(n_tiles, plan.programs))
-        assert single or n_tiles == 1 or plan.programs > 1
+        assert plan.groups == (1 if single else min(n_tiles, plan.groups))
+        assert single or n_tiles == 1 or plan.groups > 1
         check(op, make_inputs(op, shape, dtype, device), SLACK[dtype])
 
 

@@ -74,11 +74,18 @@ def _dx_reloaded(
 
 
 @triton.jit
-def _store_dx(dx, DH, DX, rows64, cols, mask, stride_dh, N, HAS_DH: tl.constexpr):
-    """Write dx, plus the residual branch's gradient (add+RMSNorm)."""
+def _store_dx(
+    dx, DH, DX, rows64, cols, mask, stride_dh, N, HAS_DH: tl.constexpr, STREAM: tl.constexpr = False
+):
+    """Write dx, plus the residual branch's gradient (add+RMSNorm). STREAM: a streaming store
+    (".cs", evict first), so that dx does not push out of L2 the rows other programs read."""
     if HAS_DH:
         dx += tl.load(DH + rows64 * stride_dh + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    tl.store(DX + rows64 * N + cols[None, :], _round(dx, DX.dtype.element_ty), mask=mask)
+    ptrs = DX + rows64 * N + cols[None, :]
+    if STREAM:
+        tl.store(ptrs, _round(dx, DX.dtype.element_ty), mask=mask, cache_modifier=".cs")
+    else:
+        tl.store(ptrs, _round(dx, DX.dtype.element_ty), mask=mask)
 
 
 @triton.jit

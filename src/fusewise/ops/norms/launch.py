@@ -17,6 +17,7 @@ import torch
 from .._launch import cdiv, launch, next_power_of_2, sm_count
 from . import kernels as K
 from . import kernels_bwd as KB
+from . import kernels_bwd_sliced as KBS
 
 # the launchers read launch.BWD_CONFIGS, FWD_UNMASKED, FWD_WALK: tests and sweeps replace them here
 from .settings import BWD_CONFIGS, FWD_UNMASKED, FWD_WALK, Bwd, Walk  # noqa: F401
@@ -100,6 +101,8 @@ def bwd_config(n: int, op: str, element_size: int = 2) -> tuple[int, int, Bwd]:
     block_n = next_power_of_2(n)
     configs = BWD_CONFIGS[op, element_size]
     setting = next((c for c in configs if block_n <= c.widest), configs[-1])
+    if setting.slice:  # one row a program, BLOCK_N its slice
+        return 1, min(block_n, setting.slice), setting
     return max(1, setting.tile // block_n), block_n, setting
 
 
@@ -115,11 +118,12 @@ def use_wide_path(
 
 
 def _fused_setting(n: int, op: str, element_size: int) -> tuple[int, int, Bwd] | None:
-    """bwd_config(n, op, element_size), or None where the split kernels take the rows."""
-    if n > min(MAX_BLOCK_N, BWD_CONFIGS[op, element_size][-1].widest):
+    """bwd_config(n, op, element_size), or None where the split kernels take the rows: past the
+    widest setting, on a block (or slice) wider than MAX_BLOCK_N, or below its fused_from."""
+    if n > BWD_CONFIGS[op, element_size][-1].widest:
         return None
     config = bwd_config(n, op, element_size)
-    return None if n < config[2].fused_from else config
+    return None if config[1] > MAX_BLOCK_N or n < config[2].fused_from else config
 
 
 def _partials(rows: int, n: int, has_w: bool, has_b: bool, dev):
@@ -211,16 +215,17 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
 
 class _BwdPlan(NamedTuple):
     """The fused backward's schedule for one shape and setting table: grid, tiles per program,
-    the setting, and whether one program takes every tile (then it writes the weight gradients
-    themselves, with no partials to sum: one launch and three allocations fewer, where a
-    launch-bound call's time is the host's)."""
+    the setting, and whether one group of programs takes every tile (then it writes the weight
+    gradients themselves, with no partials to sum: one launch and three allocations fewer, where
+    a launch-bound call's time is the host's)."""
 
     settings: tuple  # BWD_CONFIGS, its entry for the op, MAX_BLOCK_N, SINGLE_PROGRAM_ELEMENTS
     # when it was made (held, compared by identity: tests and sweeps replace them)
     block_m: int
-    block_n: int
+    block_n: int  # the row's block, or a program's slice of it (Bwd.slice)
     setting: Bwd
-    programs: int
+    groups: int  # rows of the weight-gradient partials: programs taking the same rows count once
+    slices: int  # programs a row's columns are shared out among (1: whole rows a program)
     tiles_per_program: int
 
 
@@ -245,11 +250,12 @@ def _backward_plan(m: int, n: int, op: str, element_size: int, dev) -> _BwdPlan 
         _bwd_plans.clear()
     block_m, block_n, setting = fused
     n_tiles = cdiv(m, block_m)
-    if n_tiles * block_m * block_n <= SINGLE_PROGRAM_ELEMENTS:
-        programs = 1
+    slices = cdiv(n, block_n) if setting.slice else 1
+    if slices == 1 and n_tiles * block_m * block_n <= SINGLE_PROGRAM_ELEMENTS:
+        groups = 1
     else:
-        programs = min(n_tiles, setting.per_sm * _programs_per_wave(dev))
-    plan = _BwdPlan(settings, block_m, block_n, setting, programs, cdiv(n_tiles, programs))
+        groups = max(1, min(n_tiles, setting.per_sm * _programs_per_wave(dev) // slices))
+    plan = _BwdPlan(settings, block_m, block_n, setting, groups, slices, cdiv(n_tiles, groups))
     _bwd_plans[key] = plan
     return plan
 
@@ -273,28 +279,24 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     if plan is None:
         dw_part, db_part = _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms, dx)
         return dx, *_finish_weight_grads(dw_part, db_part, weight, bias, dev)
-    if plan.programs == 1:  # the kernel writes the gradients themselves
+    if plan.groups == 1:  # the kernel writes the gradients themselves
         dw_part, db_part = dw, db = _weight_grads(weight, bias, dev)
     else:
-        dw_part, db_part = _partials(plan.programs, n, has_w, has_b, dev)
+        dw_part, db_part = _partials(plan.groups, n, has_w, has_b, dev)
     setting = plan.setting
-    launch(
-        KB.norm_bwd_block_kernel,
-        (plan.programs,),
-        *(x, weight, dy, dh_arg, dx, mean, rstd, dw_part, db_part, m, n, x.stride(0)),
-        *(dy.stride(0), dh_arg.stride(0), plan.programs, plan.tiles_per_program),
-        IS_RMS=is_rms,
-        HAS_W=has_w,
-        HAS_B=has_b,
-        HAS_DH=dh is not None,
-        BLOCK_M=plan.block_m,
-        BLOCK_N=plan.block_n,
-        PREFETCH=setting.prefetch,
-        LEAN=setting.lean,
-        RELOAD=setting.reload,
-        num_warps=setting.warps,
-    )
-    if plan.programs == 1:
+    args = (x, weight, dy, dh_arg, dx, mean, rstd, dw_part, db_part, m, n, x.stride(0))
+    args += (dy.stride(0), dh_arg.stride(0), plan.groups, plan.tiles_per_program)
+    flags = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, HAS_DH=dh is not None)
+    flags |= dict(num_warps=setting.warps)
+    if setting.slice:
+        meta = dict(SLICES=plan.slices, BLOCK_S=plan.block_n, CHUNK=min(setting.tile, plan.block_n))
+        meta |= dict(UNROLL=setting.unroll)
+        launch(KBS.norm_bwd_sliced_kernel, (plan.groups * plan.slices,), *args, **flags, **meta)
+    else:
+        meta = dict(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, PREFETCH=setting.prefetch)
+        meta |= dict(LEAN=setting.lean, RELOAD=setting.reload)
+        launch(KB.norm_bwd_block_kernel, (plan.groups,), *args, **flags, **meta)
+    if plan.groups == 1:
         return dx, dw, db
     return dx, *_finish_weight_grads(dw_part, db_part, weight, bias, dev)
 

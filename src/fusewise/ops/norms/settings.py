@@ -23,6 +23,11 @@ class Bwd(NamedTuple):
     # across them; the weight-gradient sums first, as lean (kernels_bwd._dx_reloaded)
     fused_from: int = 0  # rows narrower than this that fall to this setting take the split
     # kernels instead (a block of `widest` with many lanes masked off loses to them)
+    slice: int = 0  # columns a program takes (a power of two): a row's columns shared out among
+    # programs that each walk the whole row for the row sums and hold the weight-gradient
+    # accumulators of their slice only (kernels_bwd_sliced); `tile` is then the walk's chunk.
+    # 0: whole rows a program (norm_bwd_block_kernel)
+    unroll: bool = False  # sliced: the row sums' walk unrolled whole, else a loop of chunks
 
 
 # Backward, fused kernel, by (op, bytes per element), from the sweeps at 32288f2 (bf16) and
