@@ -1,10 +1,11 @@
-"""The norm forward kernels as the GPU's compiler sees them, on a machine without a GPU.
+"""The norm kernels as the GPU's compiler sees them, on a machine without a GPU.
 
 The CPU suite runs every kernel under Triton's interpreter, which accepts code the GPU compiler
 refuses: at 2213a72 an eviction-policy default of "" in a helper passed every interpreted test
 and kept every norm forward from compiling on the H200. This compiles each forward kernel's
-variants for an H100/H200 (sm_90: Triton's own LLVM and ptxas, no driver) in a process without
-the interpreter, as a real launch specializes them (16-byte-aligned pointers and widths)."""
+variants, and the sliced backward's, for an H100/H200 (sm_90: Triton's own LLVM and ptxas, no
+driver) in a process without the interpreter, as a real launch specializes them (16-byte-aligned
+pointers and widths)."""
 
 import os
 import subprocess
@@ -15,9 +16,10 @@ import itertools
 import triton
 from triton.backends.compiler import GPUTarget
 from fusewise.ops.norms import kernels as K
+from fusewise.ops.norms import kernels_bwd_sliced as KBS
 
 TARGET = GPUTarget("cuda", 90, 32)
-ALIGNED = {"N", "stride_x", "stride_r"}
+ALIGNED = {"N", "stride_x", "stride_r", "stride_dy", "stride_dh"}
 
 
 def compile_for_gpu(fn, args, constants, warps):
@@ -63,16 +65,25 @@ for dtype, (is_rms, has_res) in itertools.product(
         ptx = compile_for_gpu(K.norm_fwd_wide_kernel, wide, dict(ops, BLOCK_N=256, CACHE=cache), 4)
         assert ("st.global.cs" in ptx) == (cache >= 1), cache
         assert ("evict_last" in ptx) == ("evict_first" in ptx) == (cache >= 2), cache
+    # the sliced backward: dx stored streaming, the slice read again evict-first
+    bwd = dict(X=t, W=t, DY=t, DH=t, DX=t, Mean="*fp32", Rstd="*fp32", DW_part="*fp32")
+    bwd |= dict(DB_part="*fp32", M="i32", N="i32", stride_x="i32", stride_dy="i32")
+    bwd |= dict(stride_dh="i32", groups="i32", rows_per_program="i32")
+    flags = dict(IS_RMS=is_rms, HAS_W=True, HAS_B=not is_rms, HAS_DH=has_res)
+    for unroll in (False, True):
+        meta = dict(flags, SLICES=3, BLOCK_S=512, CHUNK=256, UNROLL=unroll)
+        ptx = compile_for_gpu(KBS.norm_bwd_sliced_kernel, bwd, meta, 4)
+        assert "st.global.cs" in ptx and "evict_first" in ptx
 print("compiled", compiled)
 """
 
 
-def test_forward_kernels_compile_for_the_gpu():
+def test_kernels_compile_for_the_gpu():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    # 2 dtypes x (3 ops x (2 block + 2 streaming walks + 3 wide: FWD_CACHE 0-2) + walks: 8
-    # LayerNorm, 4 for each RMS op)
-    assert done.stdout.split() == ["compiled", "74"]
+    # 2 dtypes x (3 ops x (2 block + 2 streaming walks + 3 wide: FWD_CACHE 0-2 + 2 sliced
+    # backwards) + walks: 8 LayerNorm, 4 for each RMS op)
+    assert done.stdout.split() == ["compiled", "86"]
