@@ -232,14 +232,13 @@ def settings(part: str, op: str):
 
 
 # (slice, chunk, warps, programs a multiprocessor, unrolled): ptxas for sm_90a gives LayerNorm
-# bf16 at 16,384 112 / 116 / 115 / 127 / 144 registers a thread, so 2 / 4 / 1 / 2 / 3 programs a
+# bf16 at 16,384 112 / 116 / 115 / 127 registers a thread, so 2 / 4 / 1 / 2 programs a
 # multiprocessor (benchmarks/norm_registers.py --sliced)
 SLICED = [
     (4096, 2048, 8, 2, False),
     (2048, 2048, 4, 4, False),
     (8192, 4096, 16, 1, False),
     (4096, 4096, 8, 2, True),
-    (4096, 1024, 4, 3, False),
 ]
 WALKS = [(2048, 16), (4096, 16), (8192, 16), (8192, 32), (16384, 32), (32768, 32)]
 # rolled (results/h200_sweep_walk_rolled_7ab4d9a); unrolled at 2213a72 (h200_sweep_walk_2213a72)
