@@ -4,7 +4,7 @@
 # Usage (in the device command): FUSEWISE_COMMIT=<sha> TESTS="tests/a.py ..." \
 #   bash benchmarks/gpu_session.sh [serial] [tests] [replay] [capture] [demo] [host] [pairs]
 #   [norms] [sweep] [ab] [rotary_sweep] [rotary] [gated] [ab_src] [e2e] [order] [iso] [host_ab]
-#   [ab_fwd] [inductor] [peers_wide] [peers_walk]
+#   [ab_fwd] [inductor] [peers_wide] [peers_walk] [issue14]
 #   (.whl carried: Liger and CCE for tests; serial: SERIAL_TESTS without xdist, for tests that
 #   time a launch-bound step and fail when other processes share the GPU, and BIG_TESTS;
 #   norms: bench_norms against torch and Liger, kernels only, one process per op so a timeout loses one op, then the
@@ -15,7 +15,8 @@
 #   against src on bench_rotary and bench_gated (kernels only), one process per variant,
 #   alternated; Liger's rows, which neither tree touches, are the control; order: order_probe.py;
 #   iso: bench_rotary and bench_gated with one process per provider; host_ab: the norms' host
-#   cost and small kernels, $AB_OLD against src, alternated)
+#   cost and small kernels, $AB_OLD against src, alternated; issue14: bench_norms' whole table
+#   against torch and Liger, and torch.compile's forward+backward at three widths)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # tests of 4 GiB tensors each: out of memory under 5-6 xdist workers on an 80 GB card, so the
@@ -176,6 +177,21 @@ for what in "$@"; do
       tail -10 "$OUT/peers_wide.txt"
       timeout 100 python benchmarks/host_overhead.py --csv "$OUT/host_overhead.csv" 2>&1 \
         | grep -v USDT | tee "$OUT/host_overhead.txt" ;;
+    issue14)
+      # issue #14's table: every op, width, mode (forward; forward+backward) against torch and
+      # Liger, kernels only, one process per dtype (a timeout loses one dtype); then
+      # torch.compile's forward+backward at three widths, one process per provider
+      for dt in bf16 fp32; do
+        timeout ${ISSUE14_S:-200} python benchmarks/bench_norms.py --dtypes $dt \
+          --providers fusewise,torch,liger --timings graph --csv "$OUT/issue14.csv" \
+          > "$OUT/issue14_$dt.txt" 2>&1
+        sed -n '/# summary/,$p' "$OUT/issue14_$dt.txt" | grep fwd_bwd
+      done
+      timeout ${COMPILE_S:-200} python benchmarks/bench_norms.py --isolate --modes fwd_bwd \
+        --dtypes bf16 --ops layer_norm,rms_norm --widths 4096,16384,65536 \
+        --providers fusewise,compile --timings graph --csv "$OUT/issue14_compile.csv" \
+        > "$OUT/issue14_compile.txt" 2>&1
+      sed -n '/# summary/,$p' "$OUT/issue14_compile.txt" | sort -u ;;
     peers_walk)
       # the walking forward's widths against torch.compile and Liger, one process per provider,
       # kernels only; then the shipped forward at every width (the sweep's fwd part)

@@ -93,12 +93,15 @@ def test_forward_settings_by_width():
 
 
 def test_backward_paths_by_width():
-    """The fused backward holds rows up to its widest configured block (16384 elements, 8192 for
-    LayerNorm in fp32); wider rows take the split kernels. Each width's fused setting is the one
-    for the smallest block that holds it."""
+    """The fused backward holds rows up to its widest configured block (16384 elements; LayerNorm
+    in fp32 past 8192 in slices of 8192); wider rows take the split kernels. Each width's fused
+    setting is the one for the smallest block that holds it."""
     L, Bwd = norm_launch, norm_launch.Bwd
     assert not L.use_wide_path(8192, True, "layer_norm", 4)
-    assert L.use_wide_path(8193, True, "layer_norm", 4)
+    # LayerNorm fp32 at 8,193-16,384: two slices of 8,192 (rows' columns shared out)
+    assert L.bwd_config(8193, "layer_norm", 4) == (1, 8192, Bwd(16384, 4096, 16, 1, slice=8192))
+    assert not L.use_wide_path(16384, True, "layer_norm", 4)
+    assert L.use_wide_path(16385, True, "layer_norm", 4)
     assert L.bwd_config(4096, "layer_norm") == (2, 4096, Bwd(8192, 8192, 8, 1))
     assert L.bwd_config(600, "layer_norm") == (4, 1024, Bwd(2048, 4096, 4, 2, True, True))
     assert L.bwd_config(100, "rms_norm") == (64, 128, Bwd(1024, 8192, 16, 1))

@@ -45,7 +45,9 @@ WIDE_CHUNK_FWD = 32768
 # walked widths +0 to +2.0 at 16,384-32,768 and +0.9 to +4.3 at 65,536 (RMSNorm fp32 83.2 ->
 # 87.5), the wide kernel +1 to +6 (LayerNorm fp32 65,536 76.4 -> 82.3, bf16 131,072 72.7 ->
 # 77.0, 262,144 67.6 -> 69.0); slower only for add+RMSNorm bf16 at 16,384-32,768, 101.4 -> 101.0
-# in both rounds.
+# in both rounds. The landing run at 1de93e7 (H100, 8,192-262,144) agreed, and put
+# add+RMSNorm bf16's loss at 8,192-32,768 (0.3-0.5, every cell still above 100% of the byte
+# model).
 FWD_CACHE = 2
 # Forward block-path tiles and warps, from the sweep on an H200 (bf16, 2**27 elements):
 # 2048-element tiles at 16 elements a thread (at most 16 warps) reached 93-97% of the copy
