@@ -33,8 +33,8 @@ def test_block_path(op, shape_id, dname, device):
 def test_wide_path(op, dname, device, monkeypatch):
     """Rows wider than one block: the chunked forward and the split backward, reached at small
     sizes by lowering the limits (the same code runs for rows past 32768 elements forward, and
-    past 16384 backward, 8192 for LayerNorm in fp32): row sums in steps of two chunks (the last
-    step ragged), ragged column blocks."""
+    past 16384 backward, and LayerNorm's in fp32 at 8,193-12,287): row sums in steps of two
+    chunks (the last step ragged), ragged column blocks."""
     for name, value in [
         ("MAX_BLOCK_N", 256),
         ("MAX_BLOCK_N_FWD", 256),
@@ -94,12 +94,17 @@ def test_forward_settings_by_width():
 
 def test_backward_paths_by_width():
     """The fused backward holds rows up to its widest configured block (16384 elements; LayerNorm
-    in fp32 past 8192 in slices of 8192); wider rows take the split kernels. Each width's fused
-    setting is the one for the smallest block that holds it."""
+    in fp32 at 12,288-16,384 in slices of 8192); wider rows take the split kernels. Each width's
+    fused setting is the one for the smallest block that holds it."""
     L, Bwd = norm_launch, norm_launch.Bwd
     assert not L.use_wide_path(8192, True, "layer_norm", 4)
-    # LayerNorm fp32 at 8,193-16,384: two slices of 8,192 (rows' columns shared out)
-    assert L.bwd_config(8193, "layer_norm", 4) == (1, 8192, Bwd(16384, 4096, 16, 1, slice=8192))
+    # LayerNorm fp32 at 12,288-16,384: two slices of 8,192 (rows' columns shared out); the
+    # narrower rows of that block on the split kernels
+    sliced = Bwd(16384, 4096, 16, 1, slice=8192, fused_from=12288)
+    assert L.bwd_config(12288, "layer_norm", 4) == (1, 8192, sliced)
+    assert L.use_wide_path(8193, True, "layer_norm", 4)
+    assert L.use_wide_path(12287, True, "layer_norm", 4)
+    assert not L.use_wide_path(12288, True, "layer_norm", 4)
     assert not L.use_wide_path(16384, True, "layer_norm", 4)
     assert L.use_wide_path(16385, True, "layer_norm", 4)
     assert L.bwd_config(4096, "layer_norm") == (2, 4096, Bwd(8192, 8192, 8, 1))
@@ -314,13 +319,19 @@ def test_reloaded_backward_reads_through_row_strides(
         ("layer_norm", torch.bfloat16),  # x and dy read again for dx
         ("rms_norm", torch.float32),
         ("add_rms_norm", torch.float32),
+        ("layer_norm", torch.float32),  # two slices of 8,192, the second ragged (4,097)
     ],
 )
 def test_backward_of_rows_up_to_16384_with_the_shipped_setting(op, dtype, device):
     """Rows of 12,289 elements: the fused backward's widest shipped block (16384, loads at each
-    tile's turn), a ragged row, more rows than programs under the interpreter."""
+    tile's turn, or LayerNorm fp32's slices), a ragged row, more rows than programs under the
+    interpreter."""
     assert not norm_launch.use_wide_path(12289, True, op, dtype.itemsize)
-    assert not norm_launch.bwd_config(12289, op, dtype.itemsize)[2].prefetch
+    setting = norm_launch.bwd_config(12289, op, dtype.itemsize)[2]
+    if (op, dtype) == ("layer_norm", torch.float32):
+        assert setting.slice == 8192
+    else:
+        assert not setting.prefetch and not setting.slice
     check(op, make_inputs(op, (7, 12289), dtype, device), SLACK[dtype])
 
 

@@ -41,6 +41,10 @@ CASES = {
     "whole-slices-unrolled": (37, 128, 32, 32, 4, True),
     "two-slices": (23, 100, 64, 32, 2, False),
     "one-group": (5, 96, 32, 32, 1, True),
+    # a chunk wider than the slice (capped at it: uncapped, the walk had no whole chunk and the
+    # row sums came out 0), and a row narrower than one slice
+    "chunk-past-slice": (9, 40, 32, 64, 2, False),
+    "row-within-slice": (9, 20, 32, 64, 2, True),
 }
 
 

@@ -61,10 +61,11 @@ class Bwd(NamedTuple):
 # 90e3d88 (add+RMSNorm's backward alone, before -> lean): bf16 256 96.0 -> 84.0, 512 94.8 ->
 # 95.1, 1024 81.0 -> 91.9, 2048-4096 level, 8192 95.9 -> 81.5; fp32 256-8192 81.1/74.0/78.7/
 # 93.4/95.3/81.8 -> 98.7/87.4/98.0/99.8/98.8/91.7.
-# LayerNorm fp32 at 8,193-16,384 shares each row's columns out among programs of 8,192 (Bwd.slice;
+# LayerNorm fp32 at 12,288-16,384 shares each row's columns out among programs of 8,192 (Bwd.slice;
 # the sliced sweep at 3411063 on an H100, results/h100_sweep_sliced_3411063.txt, shipped split
 # kernels -> sliced): 12,288 57.4 -> 58.8, 16,384 58.5 -> 66.6. It lost everywhere in bf16
-# (16,384: 60.7 -> 54.6 at best) and at 32,768.
+# (16,384: 60.7 -> 54.6 at best) and at 32,768. Not measured at 8,193-12,287, where the last
+# slice is narrow but its program still walks the whole row: the split kernels keep them.
 # The last entry's widest block is the fused kernel's reach (capped by MAX_BLOCK_N); wider rows
 # take the split kernels. Keys: (op, bytes per element), fp16 taking bf16's.
 _RMS_16384 = Bwd(16384, 16384, 32, 1, prefetch=False, lean=True)
@@ -78,7 +79,7 @@ BWD_CONFIGS = {
     ("layer_norm", 4): (
         Bwd(2048, 2048, 16, 2),
         Bwd(8192, 2048, 8, 1),
-        Bwd(16384, 4096, 16, 1, slice=8192),
+        Bwd(16384, 4096, 16, 1, slice=8192, fused_from=12288),
     ),
     ("rms_norm", 2): (
         Bwd(1024, 8192, 16, 1),
