@@ -112,3 +112,73 @@ def check_op(op, a, slack):
         s = scale if name in ("x", "residual") else 0.0
         err, base_err = rel_err(got, ref, s), rel_err(base, ref, s)
         assert err <= base_err + slack, f"d{name}: {err:.3g} > eager {base_err:.3g} + {slack}"
+
+
+def check_without_weight(op, dtype, rows, device):
+    """The fused op with no weight (and no bias) on [rows, 100]: dx (and add+RMSNorm's residual
+    gradient) against float64, held to eager PyTorch's error in the same dtype."""
+    x = (torch.randn(rows, 100, device=device, dtype=dtype) * 2 + 0.5).requires_grad_()
+    r = torch.randn(rows, 100, device=device, dtype=dtype).requires_grad_()
+
+    def ref(x, r):  # torch's own ops, in x's dtype
+        if op == "layer_norm":
+            return (F.layer_norm(x, (100,)),)
+        h = x + r if op == "add_rms_norm" else x
+        y = F.rms_norm(h, (100,), eps=1e-6)
+        return (y, h) if op == "add_rms_norm" else (y,)
+
+    if op == "layer_norm":
+        outs = (fusewise.ops.layer_norm(x),)
+    elif op == "rms_norm":
+        outs = (fusewise.ops.rms_norm(x),)
+    else:
+        outs = fusewise.ops.add_rms_norm(x, r, None)
+    leaves = (x, r) if op == "add_rms_norm" else (x,)
+    grads = [torch.randn_like(o) for o in outs]
+    got = torch.autograd.grad(outs, leaves, grads)
+    d64 = [t.detach().double().cpu().requires_grad_() for t in (x, r)]
+    want = torch.autograd.grad(ref(*d64), d64[: len(leaves)], [g.double().cpu() for g in grads])
+    dex = [t.detach().clone().requires_grad_() for t in (x, r)]
+    base = torch.autograd.grad(ref(*dex), dex[: len(leaves)], grads)
+    for g, w64, e in zip(got, want, base):
+        assert rel_err(g, w64) <= rel_err(e, w64) + SLACK[dtype]
+
+
+def _rows_of(t, layout):
+    """t's values with rows strided past their width (padding NaN: a read of it shows), or all
+    rows one row broadcast (row stride 0: the values become t[0]'s, rows alike)."""
+    if layout == "padded":
+        wide = torch.full(
+            (t.shape[0], t.shape[1] + 7), float("nan"), dtype=t.dtype, device=t.device
+        )
+        wide[:, 3 : t.shape[1] + 3] = t
+        return wide[:, 3 : t.shape[1] + 3]
+    return t[:1].expand(t.shape)
+
+
+def check_backward_through_row_strides(op, x_rows, dy_rows, device):
+    """norm_backward on [37, 100] fp32 with x and dy laid out as `x_rows` / `dy_rows` ("padded"
+    or "broadcast"; add+RMSNorm's dh padded), against the float64 analytic backward, with the
+    settings the caller put in place."""
+    from fusewise.ops.norms import launch as norm_launch
+    from fusewise.ops.norms import reference as R
+
+    is_rms, m, n = op != "layer_norm", 37, 100
+    x = _rows_of(torch.randn(m, n, device=device) * 2 + 0.5, x_rows)
+    dy = _rows_of(torch.randn(m, n, device=device), dy_rows)
+    dh = _rows_of(torch.randn(m, n, device=device), "padded") if op == "add_rms_norm" else None
+    w = 1 + 0.3 * torch.randn(n, device=device)
+    b = 0.2 * torch.randn(n, device=device) if op == "layer_norm" else None
+    xd = x.double()
+    mean = None if is_rms else xd.mean(-1)
+    centred = xd if is_rms else xd - mean[:, None]
+    rstd = torch.rsqrt((centred * centred).mean(-1) + 1e-5)
+    got = norm_launch.norm_backward(
+        dy, dh, x, w, b, None if is_rms else mean.float(), rstd.float(), is_rms
+    )
+    f64 = [None if t is None else t.double() for t in (dy, dh, w, b)]
+    want = R.norm_backward(f64[0], f64[1], xd, f64[2], f64[3], mean, rstd, is_rms)
+    for g, r in zip(got, want):
+        assert (g is None) == (r is None)
+        if g is not None:
+            assert rel_err(g, r) < 1e-5

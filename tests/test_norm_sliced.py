@@ -5,12 +5,17 @@ schedule launch.py makes for it. Runs the real Triton kernels (the interpreter o
 
 import pytest
 import torch
-import torch.nn.functional as F
-from norm_cases import DTYPES, OPS, SLACK, make_inputs, rel_err
+from norm_cases import (
+    DTYPES,
+    OPS,
+    SLACK,
+    check_backward_through_row_strides,
+    check_without_weight,
+    make_inputs,
+)
 from norm_cases import check_op as check
 
 from fusewise.ops.norms import launch as norm_launch
-from fusewise.ops.norms import reference as R
 
 Bwd = norm_launch.Bwd
 
@@ -94,43 +99,13 @@ def test_sliced_plan():
         assert not L.use_wide_path(1000, True, "layer_norm", 2)
 
 
-def _rows_of(t, layout):
-    """t's values with rows strided past their width (padding NaN: a read of it shows), or all
-    rows one row broadcast (row stride 0)."""
-    if layout == "padded":
-        wide = torch.full(
-            (t.shape[0], t.shape[1] + 7), float("nan"), dtype=t.dtype, device=t.device
-        )
-        wide[:, 3 : t.shape[1] + 3] = t
-        return wide[:, 3 : t.shape[1] + 3]
-    return t[:1].expand(t.shape)
-
-
 @pytest.mark.parametrize("x_rows, dy_rows", [("padded", "broadcast"), ("broadcast", "padded")])
 @pytest.mark.parametrize("op", OPS)
 def test_sliced_backward_reads_through_row_strides(op, x_rows, dy_rows, device, monkeypatch):
     """x, dy (and dh) through their own row strides, padded or 0, in the walk and in the slice's
     second read, against the float64 analytic backward."""
     _only(monkeypatch, Bwd(1 << 20, 16, 4, 4, slice=32))
-    is_rms, m, n = op != "layer_norm", 37, 100
-    x = _rows_of(torch.randn(m, n, device=device) * 2 + 0.5, x_rows)
-    dy = _rows_of(torch.randn(m, n, device=device), dy_rows)
-    dh = _rows_of(torch.randn(m, n, device=device), "padded") if op == "add_rms_norm" else None
-    w = 1 + 0.3 * torch.randn(n, device=device)
-    b = 0.2 * torch.randn(n, device=device) if op == "layer_norm" else None
-    xd = x.double()
-    mean = None if is_rms else xd.mean(-1)
-    centred = xd if is_rms else xd - mean[:, None]
-    rstd = torch.rsqrt((centred * centred).mean(-1) + 1e-5)
-    got = norm_launch.norm_backward(
-        dy, dh, x, w, b, None if is_rms else mean.float(), rstd.float(), is_rms
-    )
-    f64 = [None if t is None else t.double() for t in (dy, dh, w, b)]
-    want = R.norm_backward(f64[0], f64[1], xd, f64[2], f64[3], mean, rstd, is_rms)
-    for g, r in zip(got, want):
-        assert (g is None) == (r is None)
-        if g is not None:
-            assert rel_err(g, r) < 1e-5
+    check_backward_through_row_strides(op, x_rows, dy_rows, device)
 
 
 @pytest.mark.parametrize("dname", ["fp32", "bf16"])
@@ -138,32 +113,5 @@ def test_sliced_backward_reads_through_row_strides(op, x_rows, dy_rows, device, 
 def test_sliced_backward_without_weight(op, dname, device, monkeypatch):
     """No weight (and no bias): dx (and add+RMSNorm's residual gradient) against float64, held
     to eager PyTorch's error in the same dtype."""
-    import fusewise
-
     _only(monkeypatch, Bwd(1 << 20, 16, 4, 4, slice=32, unroll=True))
-    dtype = DTYPES[dname]
-    x = (torch.randn(37, 100, device=device, dtype=dtype) * 2 + 0.5).requires_grad_()
-    r = torch.randn(37, 100, device=device, dtype=dtype).requires_grad_()
-
-    def ref(x, r):
-        if op == "layer_norm":
-            return (F.layer_norm(x, (100,)),)
-        h = x + r if op == "add_rms_norm" else x
-        y = F.rms_norm(h, (100,), eps=1e-6)
-        return (y, h) if op == "add_rms_norm" else (y,)
-
-    if op == "layer_norm":
-        outs = (fusewise.ops.layer_norm(x),)
-    elif op == "rms_norm":
-        outs = (fusewise.ops.rms_norm(x),)
-    else:
-        outs = fusewise.ops.add_rms_norm(x, r, None)
-    leaves = (x, r) if op == "add_rms_norm" else (x,)
-    grads = [torch.randn_like(o) for o in outs]
-    got = torch.autograd.grad(outs, leaves, grads)
-    d64 = [t.detach().double().cpu().requires_grad_() for t in (x, r)]
-    want = torch.autograd.grad(ref(*d64), d64[: len(leaves)], [g.double().cpu() for g in grads])
-    dex = [t.detach().clone().requires_grad_() for t in (x, r)]
-    base = torch.autograd.grad(ref(*dex), dex[: len(leaves)], grads)
-    for g, w64, e in zip(got, want, base):
-        assert rel_err(g, w64) <= rel_err(e, w64) + SLACK[dtype]
+    check_without_weight(op, DTYPES[dname], 37, device)
