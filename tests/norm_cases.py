@@ -7,6 +7,8 @@ import torch.nn.functional as F
 
 import fusewise
 from fusewise.ops import reference
+from fusewise.ops.norms import launch as norm_launch
+from fusewise.ops.norms import reference as R
 
 # Slack added to eager PyTorch's own error (relative Frobenius norm, same dtype): about 1/16 of
 # the dtype's machine epsilon, so the fused op may round differently, never much worse.
@@ -160,9 +162,6 @@ def check_backward_through_row_strides(op, x_rows, dy_rows, device):
     """norm_backward on [37, 100] fp32 with x and dy laid out as `x_rows` / `dy_rows` ("padded"
     or "broadcast"; add+RMSNorm's dh padded), against the float64 analytic backward, with the
     settings the caller put in place."""
-    from fusewise.ops.norms import launch as norm_launch
-    from fusewise.ops.norms import reference as R
-
     is_rms, m, n = op != "layer_norm", 37, 100
     x = _rows_of(torch.randn(m, n, device=device) * 2 + 0.5, x_rows)
     dy = _rows_of(torch.randn(m, n, device=device), dy_rows)
