@@ -15,6 +15,7 @@ the largest output), so a kernel that races shows. Parts (--parts):
   fwdwalk   the forward walking each row in unrolled chunks (settings.FWD_WALK, torch.compile's
             structure at 16,384-32,768): chunk and warps at every width, against the shipped
   fwdwelford  LayerNorm's walk with mean and variance in one walk (Walk.welford)
+  fwdhold   the walk holding a row's first elements in registers, walking the rest (Walk.hold)
   fwdloop   every width on the wide path (two passes over a row, the second mostly from L2, as
             Inductor's forward) against the shipped block path
   fused     the fused backward: elements per tile, warps, programs per SM (one setting for all
@@ -219,6 +220,17 @@ def settings(part: str, op: str):
                 {"FWD_WALK": {(op, 2): walk, (op, 4): walk}},
             )
         yield "shipped#2", {}
+    elif part == "fwdhold":
+        # the walk holding a row's first elements in registers (Walk.hold), against the shipped
+        # before and after; every op and size on one setting
+        ops = ("layer_norm", "rms_norm", "add_rms_norm")
+        yield "shipped#1", {}
+        for hold, chunk, warps, unroll in HOLDS:
+            walk = (L.Walk(1, 1 << 40, chunk, warps, unroll, hold=hold),)
+            every = {(op, size): walk for op in ops for size in (2, 4)}
+            label = f"hold={hold} chunk={chunk} warps={warps}{' unrolled' if unroll else ''}"
+            yield label, {"FWD_WALK": every}
+        yield "shipped#2", {}
     elif part == "fwdunmasked":
         # the block forward without masks on whole tiles (FWD_UNMASKED) against masked, alternated
         widths = tuple(1 << k for k in range(8, 16))  # 256-32,768: every block width
@@ -240,6 +252,17 @@ SLICED = [
     (8192, 4096, 16, 1, False),
     (4096, 4096, 8, 2, True),
 ]
+# (hold, chunk, warps, unrolled): ptxas for sm_90a at 65,536 gives 44-64 registers a thread and
+# no spill for most ops (LayerNorm bf16 16-28 B at hold 32768 with chunks of 4096-8192, add+RMSNorm
+# fp32 16 B at 8192); unrolled, 0-136 B
+HOLDS = [
+    (16384, 8192, 32, False),
+    (16384, 16384, 32, False),
+    (32768, 4096, 32, False),
+    (32768, 8192, 32, False),
+    (32768, 16384, 32, False),
+    (32768, 8192, 32, True),
+]
 WALKS = [(2048, 16), (4096, 16), (8192, 16), (8192, 32), (16384, 32), (32768, 32)]
 # rolled (results/h200_sweep_walk_rolled_7ab4d9a); unrolled at 2213a72 (h200_sweep_walk_2213a72)
 WALK_UNROLL = [False]
@@ -247,6 +270,7 @@ WIDTHS = {
     "fwdwalk": [8192, 12288, 16384, 32768, 65536, 262144],
     "fwdwelford": [8192, 12288, 16384, 32768, 65536, 262144],
     "fwdcache": [16384, 32768, 65536, 131072, 262144],
+    "fwdhold": [65536, 131072],
     "fwd": BLOCK_WIDTHS + WIDE_WIDTHS,
     "bwd": BLOCK_WIDTHS + WIDE_WIDTHS,
     "fwdblock": [1024, 4096, 8192, 16384, 32768],

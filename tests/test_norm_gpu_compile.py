@@ -54,12 +54,15 @@ for dtype, (is_rms, has_res) in itertools.product(
                 continue
             meta = dict(ops, CHUNK=256, CHUNKS=2, EVEN=even, UNROLL=unroll, WELFORD=welford)
             # every parameter given: Triton 3.9 compiles an omitted default as None
-            meta |= dict(STREAM=False)
+            meta |= dict(STREAM=False, HOLD=0)
             ptx = compile_for_gpu(K.norm_fwd_walk_kernel, {**tensors, "N": "i32", **tail}, meta, 4)
             assert ".cs" not in ptx
         meta = dict(ops, CHUNK=256, CHUNKS=2, EVEN=even, UNROLL=1, WELFORD=False, STREAM=True)
-        ptx = compile_for_gpu(K.norm_fwd_walk_kernel, {**tensors, "N": "i32", **tail}, meta, 4)
-        assert "st.global.cs" in ptx
+        for hold in (0, 512):  # a held part: loaded evict-first, its y stored streaming too
+            ptx = compile_for_gpu(
+                K.norm_fwd_walk_kernel, {**tensors, "N": "i32", **tail}, meta | dict(HOLD=hold), 4
+            )
+            assert "st.global.cs" in ptx and "evict_first" in ptx
     wide = {**tensors, "N": "i32", **tail}
     for cache in (0, 1, 2):
         ptx = compile_for_gpu(K.norm_fwd_wide_kernel, wide, dict(ops, BLOCK_N=256, CACHE=cache), 4)
@@ -84,6 +87,6 @@ def test_kernels_compile_for_the_gpu():
         [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    # 2 dtypes x (3 ops x (2 block + 2 streaming walks + 3 wide: FWD_CACHE 0-2 + 2 sliced
-    # backwards) + walks: 8 LayerNorm, 4 for each RMS op)
-    assert done.stdout.split() == ["compiled", "86"]
+    # 2 dtypes x (3 ops x (2 block + 2 streaming walks + 2 holding walks + 3 wide: FWD_CACHE
+    # 0-2 + 2 sliced backwards) + walks: 8 LayerNorm, 4 for each RMS op)
+    assert done.stdout.split() == ["compiled", "98"]

@@ -365,6 +365,42 @@ def test_walk_path(op, dname, unroll, device, monkeypatch):
         check(op, make_inputs(op, shape, dtype, device, strided=strided), SLACK[dtype])
 
 
+@pytest.mark.parametrize("unroll", [False, True], ids=["rolled", "unrolled"])
+@pytest.mark.parametrize("dname", ["fp32", "bf16"])
+@pytest.mark.parametrize("op", OPS)
+def test_walk_path_with_a_held_part(op, dname, unroll, device, monkeypatch):
+    """The walk holding a row's first elements in registers (Walk.hold) and walking the rest:
+    the held part joins each statistic and gets its own y. A ragged rest (1823 = 256 held, 12
+    chunks and 31), a rest of whole chunks in rows strided by a wider tensor (512), a rest
+    narrower than one chunk (300: 44 walked in one chunk of 64)."""
+    walk = (norm_launch.Walk(1, 1 << 40, 128, 4, unroll, hold=256),)
+    monkeypatch.setattr(norm_launch, "FWD_WALK", {(o, s): walk for o in OPS for s in (2, 4)})
+    dtype = DTYPES[dname]
+    for shape, strided in [((9, 1823), False), ((5, 512), True), ((3, 300), False)]:
+        plan = norm_launch._forward_plan(shape[0], shape[1], shape[1], shape[1], (1, 1, 0, 0), 2)
+        assert plan.kernel is norm_launch.K.norm_fwd_walk_kernel and plan.meta["HOLD"] == 256
+        rest = shape[1] - 256
+        assert plan.meta["CHUNK"] * plan.meta["CHUNKS"] - rest < plan.meta["CHUNK"]
+        check(op, make_inputs(op, shape, dtype, device, strided=strided), SLACK[dtype])
+
+
+@pytest.mark.parametrize(
+    "walk",
+    [
+        norm_launch.Walk(1, 1 << 40, 128, 4, hold=512),  # the whole row of 512
+        norm_launch.Walk(1, 1 << 40, 128, 4, hold=384),  # not a power of two
+        norm_launch.Walk(1, 1 << 40, 128, 4, welford=True, hold=256),
+    ],
+    ids=["whole-row", "not-a-power-of-two", "welford"],
+)
+def test_a_walk_holding_what_it_cannot_is_refused(walk, monkeypatch):
+    """A held part must be a power of two narrower than the row, and not under welford: a
+    setting that breaks this is an error naming it, never a kernel reading past the row."""
+    monkeypatch.setattr(norm_launch, "FWD_WALK", {("rms_norm", 2): (walk,)})
+    with pytest.raises(ValueError, match="holds"):
+        norm_launch._forward_plan(4, 512, 512, 512, (1, 1, 0, 0), 2)
+
+
 @pytest.mark.parametrize("cache", [0, 1, 2])
 @pytest.mark.parametrize("op", OPS)
 def test_wide_and_walk_paths_with_streaming_stores(op, cache, device, monkeypatch):

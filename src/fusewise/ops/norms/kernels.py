@@ -226,6 +226,7 @@ def norm_fwd_walk_kernel(
     UNROLL: tl.constexpr = 1,
     WELFORD: tl.constexpr = False,
     STREAM: tl.constexpr = False,
+    HOLD: tl.constexpr = 0,
 ):
     """One program per row, walking it in CHUNKS chunks: the sum (LayerNorm) or the sum of
     squares (RMSNorm) into an elementwise accumulator reduced once, LayerNorm's centred sum of
@@ -233,10 +234,22 @@ def norm_fwd_walk_kernel(
     holds it across a reduction, so a program needs few registers and several rows are in flight
     on a multiprocessor (the shape of torch.compile's forward at these widths). UNROLL: chunks a
     loop step (CHUNKS: each walk's loads all in flight at once, at more registers); EVEN:
-    N == CHUNK * CHUNKS, no masks; STREAM (launch.FWD_CACHE): y stored streaming (_store)."""
+    N == HOLD + CHUNK * CHUNKS, no masks; STREAM (launch.FWD_CACHE): y stored streaming (_store).
+    HOLD (a power of two below N, or 0): the row's first HOLD elements are loaded once and held in
+    registers, and the chunks walk the rest from column HOLD on. Only the rest is read again, so
+    the rows in flight take less of L2 (a row of 65,536 fp32 is 256 KB: 132 of them fill most of
+    an H100's L2, and the later walks then miss)."""
+    tl.static_assert(HOLD == 0 or not WELFORD, "a held part and the welford walk do not combine")
     rows = tl.full([1], 0, tl.int32) + tl.program_id(0)
-    offs = tl.arange(0, CHUNK)
+    offs = HOLD + tl.arange(0, CHUNK)
     acc = tl.zeros([1, CHUNK], tl.float32)
+    if HOLD > 0:
+        hcols = tl.arange(0, HOLD)
+        hcol_ok = hcols < N  # all true (HOLD < N): the loads and stores go unmasked
+        hmask = hcol_ok[None, :]
+        held = _load_row_tile(  # read once: evict-first
+            X, R, H, rows, hcols, hmask, stride_x, stride_r, N, HAS_RES, True, True, "evict_first"
+        )
     m2 = tl.zeros([1, CHUNK], tl.float32)  # WELFORD: each lane's sum of squares about its mean
     if WELFORD:
         # the lanes walk x less the row's first element: their running means then stay near 0
@@ -261,7 +274,10 @@ def norm_fwd_walk_kernel(
         else:
             acc += x
     if IS_RMS:
-        rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
+        squares = tl.sum(acc, axis=1)
+        if HOLD > 0:
+            squares += tl.sum(held * held, axis=1)
+        rstd = tl.rsqrt(squares / N + eps)
     elif WELFORD:
         # the lanes merged exactly (Chan): the mean of their means by count, then their M2s
         # plus each lane's count times its mean's squared distance from the row's
@@ -272,7 +288,10 @@ def norm_fwd_walk_kernel(
         mean = shift.reshape([1]) + shifted_mean
         tl.store(Mean + rows, mean)
     else:
-        mean = tl.sum(acc, axis=1) / N
+        total = tl.sum(acc, axis=1)
+        if HOLD > 0:
+            total += tl.sum(held, axis=1)
+        mean = total / N
         acc = tl.zeros([1, CHUNK], tl.float32)
         for c in tl.range(0, CHUNKS, loop_unroll_factor=UNROLL):
             cols = c * CHUNK + offs
@@ -283,9 +302,24 @@ def norm_fwd_walk_kernel(
             xc = x - mean[:, None]
             xc = xc if EVEN else tl.where(mask, xc, 0.0)
             acc += xc * xc
-        rstd = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
+        centred = tl.sum(acc, axis=1)
+        if HOLD > 0:
+            held = held - mean[:, None]
+            centred += tl.sum(held * held, axis=1)
+        rstd = tl.rsqrt(centred / N + eps)
         tl.store(Mean + rows, mean)
     tl.store(Rstd + rows, rstd)
+    if HOLD > 0:
+        # the held part's y first: its registers are free for the last walk (LayerNorm's held
+        # part is centred already). Names of their own: a name the walk's loop assigns must
+        # keep its shape.
+        y_held = held * rstd[:, None]
+        if HAS_W:
+            y_held = y_held * _load(W + hcols, hcol_ok, True, "evict_last").to(tl.float32)[None, :]
+        if HAS_B:
+            y_held = y_held + _load(B + hcols, hcol_ok, True, "evict_last").to(tl.float32)[None, :]
+        held_ptrs = Y + rows.to(tl.int64)[:, None] * N + hcols[None, :]
+        _store(held_ptrs, _round(y_held, Y.dtype.element_ty), hmask, True, STREAM)
     for c in tl.range(0, CHUNKS, loop_unroll_factor=UNROLL):
         cols = c * CHUNK + offs
         col_ok = cols < N

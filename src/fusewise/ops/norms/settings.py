@@ -115,6 +115,8 @@ class Walk(NamedTuple):
     # registers), or a loop of one chunk a step
     welford: bool = False  # LayerNorm: mean and variance in one walk (each lane's running mean
     # and M2, merged at the end), so two walks over the row instead of three
+    hold: int = 0  # the row's first `hold` elements (a power of two below `narrowest`) held in
+    # registers from the first walk, the walks going over the rest: less of a row read again
 
 
 # The walking forward by (op, bytes per element); rows outside every setting's widths take the
