@@ -95,15 +95,22 @@ def backward(outs, grads, inputs):
     return torch.autograd.grad(outs, list(inputs.values()), grads, allow_unused=True)
 
 
-def check_op(op, a, slack):
-    """The fused op's outputs and gradients against the float64 oracle, each within eager
-    PyTorch's own error in the same dtype plus `slack`."""
+def check_forward(op, a, slack):
+    """The fused op's outputs against the float64 oracle, each within eager PyTorch's own error
+    in the same dtype plus `slack`; returns what check_op goes on with."""
     outs = fused(op, a)
     ref_in, ref_outs = oracle(op, a)
     eag_in, eag_outs = eager(op, a)
     for got, ref, base in zip(outs, ref_outs, eag_outs):
         assert got.shape == ref.shape and got.dtype == a["x"].dtype
         assert rel_err(got, ref) <= rel_err(base, ref) + slack
+    return outs, (ref_in, ref_outs), (eag_in, eag_outs)
+
+
+def check_op(op, a, slack):
+    """The fused op's outputs and gradients against the float64 oracle, each within eager
+    PyTorch's own error in the same dtype plus `slack`."""
+    outs, (ref_in, ref_outs), (eag_in, eag_outs) = check_forward(op, a, slack)
     grads = [torch.randn_like(o) for o in outs]
     got_g = backward(outs, grads, a)
     ref_g = backward(ref_outs, [g.double().cpu() for g in grads], ref_in)

@@ -288,13 +288,16 @@ def test_forward_plan_sees_the_walk_table_edited_in_place(monkeypatch):
 
 def test_shipped_walk_settings_are_consistent():
     """Each op's walked widths do not overlap (the first match would hide the rest), chunks are
-    powers of two, an unrolled walk has at most 32 chunks at its widest (compile time), and every
+    powers of two, an unrolled walk has at most 32 chunks at its widest (compile time), a held
+    part is a power of two narrower than every row it is for and not under welford, and every
     key is an op and element size the launchers ask for."""
     for key, settings in norm_launch.FWD_WALK.items():
         assert key in norm_launch.BWD_CONFIGS
         spans = sorted((s.narrowest, s.widest) for s in settings)
         for s in settings:
             assert 1 <= s.narrowest <= s.widest and s.chunk & (s.chunk - 1) == 0
-            assert not s.unroll or -(-s.widest // s.chunk) <= 32
+            assert not s.unroll or -(-(s.widest - s.hold) // s.chunk) <= 32
+            if s.hold:
+                assert s.hold < s.narrowest and s.hold & (s.hold - 1) == 0 and not s.welford
         for (_, end), (start, _) in zip(spans, spans[1:]):
             assert end < start, key

@@ -10,6 +10,7 @@ from norm_cases import (
     SLACK,
     backward,
     check_backward_through_row_strides,
+    check_forward,
     check_without_weight,
     fused,
     make_inputs,
@@ -18,6 +19,9 @@ from norm_cases import (
 from norm_cases import check_op as check
 
 from fusewise.ops.norms import launch as norm_launch
+
+# the forward plan's flags (IS_RMS, HAS_W, HAS_B, HAS_RES) of each op with its weight and bias
+FLAGS = {"layer_norm": (0, 1, 1, 0), "rms_norm": (1, 1, 0, 0), "add_rms_norm": (1, 1, 0, 1)}
 
 SHAPES = {
     "M1-N7": (1, 7),
@@ -382,6 +386,19 @@ def test_walk_path_with_a_held_part(op, dname, unroll, device, monkeypatch):
         rest = shape[1] - 256
         assert plan.meta["CHUNK"] * plan.meta["CHUNKS"] - rest < plan.meta["CHUNK"]
         check(op, make_inputs(op, shape, dtype, device, strided=strided), SLACK[dtype])
+
+
+@pytest.mark.parametrize("dname", ["fp32", "bf16"])
+@pytest.mark.parametrize("op", OPS)
+def test_rows_of_65536_on_the_shipped_walks(op, dname, device):
+    """The shipped walks' forward at 65,536 (those that hold a row's first 32,768 elements in
+    registers and those that do not) against float64, and a row just past the held part's width
+    (32,769: one element walked)."""
+    dtype = DTYPES[dname]
+    for n in (65536, 32769):
+        plan = norm_launch._forward_plan(2, n, n, n, FLAGS[op], dtype.itemsize)
+        assert plan.kernel is norm_launch.K.norm_fwd_walk_kernel
+        check_forward(op, make_inputs(op, (2, n), dtype, device), SLACK[dtype])
 
 
 @pytest.mark.parametrize(

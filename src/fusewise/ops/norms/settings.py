@@ -138,6 +138,14 @@ class Walk(NamedTuple):
 # add+RMSNorm fp32 8,192 and 16,384: 96.4/98.4 -> 101.5/102.0 (12,288: 96.8 -> 97.3 and 32,768:
 #   97.5 -> 85.4 at best: not walked).
 # 262,144 was level or slower everywhere (a 512 KB row no longer stays in L2 between walks).
+# Rows past 32,768 hold their first 32,768 elements in registers (Walk.hold) where it won, from
+# the sweep on an H100 (results/h100_sweep_fwdhold_3a4db8d.txt, 2**27 elements, kernels only, the
+# shipped before and after in the same run, within 0.3), shipped -> held at 49,152 / 65,536:
+# LayerNorm fp32 93.3/83.1 -> 94.9/89.2 (chunks of 8,192), RMSNorm fp32 94.9/88.3 -> 97.7/93.0
+# (4,096), add+RMSNorm bf16 95.3/83.5 -> 98.3/97.6 (8,192 unrolled), add+RMSNorm fp32 77.9/75.3
+# (the wide kernel) -> 94.8/83.0 (4,096). LayerNorm bf16 (92.0 at best against 92.0 welford) and
+# RMSNorm bf16 (96.8 against 98.3) keep theirs; at 131,072 holding lost or gained at most 4.5
+# points in one round (not shipped: the widths between were not measured).
 # LayerNorm's mean and variance in one walk (welford; results/h200_sweep_welford_bb46f68.txt,
 # the shipped before and after in the same run): bf16 65,536 71.5 -> 79.2 (16,384 on 32 warps);
 # everywhere else slower or level (bf16 32,768 93.0 -> 89.5 at best, fp32 65,536 76.5 -> 77.8).
@@ -152,15 +160,24 @@ FWD_WALK = {
         Walk(8193, 12288, 4096, 16),
         Walk(12289, 16384, 8192, 16, unroll=True),
         Walk(16385, 32768, 32768, 32),
+        Walk(32769, 65536, 8192, 32, hold=32768),
     ),
     ("rms_norm", 2): (Walk(8192, 16384, 8192, 16), Walk(16385, 65536, 32768, 32, unroll=True)),
-    ("rms_norm", 4): (Walk(8192, 8192, 8192, 16), Walk(8193, 65536, 32768, 32, unroll=True)),
+    ("rms_norm", 4): (
+        Walk(8192, 8192, 8192, 16),
+        Walk(8193, 32768, 32768, 32, unroll=True),
+        Walk(32769, 65536, 4096, 32, hold=32768),
+    ),
     ("add_rms_norm", 2): (
         Walk(8192, 16384, 16384, 32),
         Walk(16385, 32768, 32768, 32),
-        Walk(32769, 65536, 16384, 32),
+        Walk(32769, 65536, 8192, 32, unroll=True, hold=32768),
     ),
-    ("add_rms_norm", 4): (Walk(8192, 8192, 16384, 32), Walk(12289, 16384, 32768, 32)),
+    ("add_rms_norm", 4): (
+        Walk(8192, 8192, 16384, 32),
+        Walk(12289, 16384, 32768, 32),
+        Walk(32769, 65536, 4096, 32, hold=32768),
+    ),
 }
 
 # The forward's block kernel without masks, by (op, bytes per element): the widths (powers of
