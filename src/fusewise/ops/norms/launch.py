@@ -169,16 +169,9 @@ def _forward_plan(
         _fwd_plans.clear()
     meta = dict(zip(("IS_RMS", "HAS_W", "HAS_B", "HAS_RES"), flags))
     if walk is not None:
-        if walk.hold and (walk.welford or walk.hold >= n or walk.hold & (walk.hold - 1)):
-            raise ValueError(
-                f"{walk} holds {walk.hold} elements of rows of {n}: it must hold a "
-                "power of two fewer than the row's, and not walk as welford"
-            )
-        rest = n - walk.hold  # the walked part of a row
-        chunk = min(walk.chunk, next_power_of_2(rest))
-        chunks = cdiv(rest, chunk)
-        meta |= dict(CHUNK=chunk, CHUNKS=chunks, EVEN=rest == chunk * chunks, num_warps=walk.warps)
-        meta |= dict(UNROLL=chunks if walk.unroll else 1, WELFORD=walk.welford, HOLD=walk.hold)
+        chunk, chunks, even = walk.chunks_of(n)
+        meta |= dict(CHUNK=chunk, CHUNKS=chunks, EVEN=even, num_warps=walk.warps, HOLD=walk.hold)
+        meta |= dict(UNROLL=chunks if walk.unroll else 1, WELFORD=walk.welford)
         meta |= dict(STREAM=FWD_CACHE >= 1)
         plan = _FwdPlan(K.norm_fwd_walk_kernel, (m,), (n, stride_x, stride_r), meta)
     elif use_wide_path(n):

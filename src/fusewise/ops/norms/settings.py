@@ -118,6 +118,19 @@ class Walk(NamedTuple):
     hold: int = 0  # the row's first `hold` elements (a power of two below `narrowest`) held in
     # registers from the first walk, the walks going over the rest: less of a row read again
 
+    def chunks_of(self, n: int) -> tuple[int, int, bool]:
+        """(chunk, chunks, even) of the walked part of a row of n: the chunk capped at that
+        part's block; even when the chunks cover it exactly (no masks)."""
+        if self.hold and (self.welford or self.hold >= n or self.hold & (self.hold - 1)):
+            raise ValueError(
+                f"{self} holds {self.hold} elements of rows of {n}: it must hold a power of "
+                "two fewer than the row's, and not walk as welford"
+            )
+        rest = n - self.hold
+        chunk = min(self.chunk, 1 << (rest - 1).bit_length())  # next power of two
+        chunks = -(-rest // chunk)
+        return chunk, chunks, rest == chunk * chunks
+
 
 # The walking forward by (op, bytes per element); rows outside every setting's widths take the
 # block path (up to MAX_BLOCK_N_FWD) or the wide path. From the sweeps on an H200 (2**27
