@@ -388,14 +388,14 @@ def test_walk_path_with_a_held_part(op, dname, unroll, device, monkeypatch):
         check(op, make_inputs(op, shape, dtype, device, strided=strided), SLACK[dtype])
 
 
-@pytest.mark.parametrize("dname", ["fp32", "bf16"])
+@pytest.mark.parametrize("dname", list(DTYPES))
 @pytest.mark.parametrize("op", OPS)
 def test_rows_of_65536_on_the_shipped_walks(op, dname, device):
     """The shipped walks' forward at 65,536 (those that hold a row's first 32,768 elements in
-    registers and those that do not) against float64, and a row just past the held part's width
-    (32,769: one element walked)."""
+    registers and those that do not) against float64, a ragged rest (40,000) and a row just past
+    the held part's width (32,769: one element walked)."""
     dtype = DTYPES[dname]
-    for n in (65536, 32769):
+    for n in (65536, 40000, 32769):
         plan = norm_launch._forward_plan(2, n, n, n, FLAGS[op], dtype.itemsize)
         assert plan.kernel is norm_launch.K.norm_fwd_walk_kernel
         check_forward(op, make_inputs(op, (2, n), dtype, device), SLACK[dtype])
@@ -454,11 +454,20 @@ def test_walk_path_layer_norm_in_two_walks(dname, unroll, device, monkeypatch):
         )
 
 
+@pytest.mark.parametrize(
+    "walk",
+    [
+        norm_launch.Walk(1, 1 << 40, 128, 4, welford=True),
+        norm_launch.Walk(1, 1 << 40, 128, 4, hold=256),
+    ],
+    ids=["welford", "held"],
+)
 @pytest.mark.parametrize("offset", [0.0, 1e3, 1e4, -3e4])
-def test_two_walk_layer_norm_stats_far_from_zero(offset, device, monkeypatch):
+def test_walked_layer_norm_stats_far_from_zero(offset, walk, device, monkeypatch):
     """Rows whose mean is far from 0 next to their spread: the lanes walk x less the row's first
-    element, so the statistics (fp32) are as close to float64 as the one-pass-in-registers
-    block kernel's, not worse by the mean's rounding. Also a constant row (variance 0)."""
+    element (in one walk, welford; or holding a part), so the statistics (fp32) are as close to
+    float64 as the one-pass-in-registers block kernel's, not worse by the mean's rounding. Also
+    a constant row (variance 0)."""
     from fusewise.ops.norms import reference
 
     torch.manual_seed(0)
@@ -468,8 +477,7 @@ def test_two_walk_layer_norm_stats_far_from_zero(offset, device, monkeypatch):
     want = reference.norm_forward(x.double(), None, w.double(), b.double(), 1e-5, False)
     monkeypatch.setattr(norm_launch, "FWD_WALK", {})
     block = norm_launch.norm_forward(x, None, w, b, 1e-5, False)
-    walk = (norm_launch.Walk(1, 1 << 40, 128, 4, welford=True),)
-    monkeypatch.setattr(norm_launch, "FWD_WALK", {("layer_norm", 4): walk})
+    monkeypatch.setattr(norm_launch, "FWD_WALK", {("layer_norm", 4): (walk,)})
     got = norm_launch.norm_forward(x, None, w, b, 1e-5, False)
     # the mean's error counts against the rows' spread (what it shifts y by), not its own size
     spread = x.double().std(-1).norm().item()
