@@ -292,9 +292,10 @@ def norm_fwd_walk_kernel(
         mean = shift.reshape([1]) + shifted_mean
         tl.store(Mean + rows, mean)
     else:
-        mean = tl.sum(acc, axis=1) / N
         if HOLD > 0:  # the lanes summed x less shift
             mean = shift.reshape([1]) + (tl.sum(acc, axis=1) + tl.sum(held - shift, axis=1)) / N
+        else:
+            mean = tl.sum(acc, axis=1) / N
         acc = tl.zeros([1, CHUNK], tl.float32)
         for c in tl.range(0, CHUNKS, loop_unroll_factor=UNROLL):
             cols = c * CHUNK + offs

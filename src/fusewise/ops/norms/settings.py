@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from .._launch import cdiv, next_power_of_2
+
 
 class Bwd(NamedTuple):
     """A fused-backward setting, for rows up to `widest` elements (a power of two)."""
@@ -127,8 +129,8 @@ class Walk(NamedTuple):
                 "two fewer than the row's, and not walk as welford"
             )
         rest = n - self.hold
-        chunk = min(self.chunk, 1 << (rest - 1).bit_length())  # next power of two
-        chunks = -(-rest // chunk)
+        chunk = min(self.chunk, next_power_of_2(rest))
+        chunks = cdiv(rest, chunk)
         return chunk, chunks, rest == chunk * chunks
 
 
