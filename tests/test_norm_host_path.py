@@ -268,7 +268,8 @@ def test_walk_plan_by_width(monkeypatch):
     }
     for n, want in expected.items():
         p = plan(n)
-        assert p.kernel is K.norm_fwd_walk_kernel and p.grid == (6,) and p.ints == (n, n, n)
+        assert p.kernel is K.norm_fwd_walk_kernel and p.grid == (6,) and p.ints == (6, n, n, n)
+        assert p.meta["PERSISTENT"] is False
         got = tuple(p.meta[k] for k in ("CHUNK", "CHUNKS", "EVEN", "UNROLL", "num_warps"))
         assert got == want, n
 
