@@ -496,8 +496,10 @@ def test_walk_path_layer_norm_in_two_walks(dname, unroll, device, monkeypatch):
     [
         norm_launch.Walk(1, 1 << 40, 128, 4, welford=True),
         norm_launch.Walk(1, 1 << 40, 128, 4, hold=256),
+        norm_launch.Walk(1, 1 << 40, 128, 4),
+        norm_launch.Walk(1, 1 << 40, 128, 4, per_sm=0.5),
     ],
-    ids=["welford", "held"],
+    ids=["welford", "held", "plain", "persistent"],
 )
 @pytest.mark.parametrize("offset", [0.0, 1e3, 1e4, -3e4])
 def test_walked_layer_norm_stats_far_from_zero(offset, walk, device, monkeypatch):
