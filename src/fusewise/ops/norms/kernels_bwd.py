@@ -146,8 +146,7 @@ def _prefetch_tile_l2(
     X, DY, DH, tile, M, N, stride_x, stride_dy, stride_dh,
     HAS_DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """Row tile `tile`'s x and dy (and dh) asked of L2, one prefetch a 32-byte sector. Rows past
-    M ask for the last row again (no address outside the tensors)."""
+    """Tile `tile`'s x, dy (dh) asked of L2 a 32-byte sector each; rows past M: the last row."""
     SECTOR: tl.constexpr = 32 // (X.dtype.element_ty.primitive_bitwidth // 8)
     SECTORS: tl.constexpr = BLOCK_N // SECTOR if BLOCK_N > SECTOR else 1
     rows = tl.minimum(tile * BLOCK_M + tl.arange(0, BLOCK_M), M - 1).to(tl.int64)[:, None]
@@ -195,9 +194,8 @@ def norm_bwd_block_kernel(
     the weight-gradient sums before dx and the weight in its storage dtype, fewer registers live
     across the row sums (each faster at some widths and slower at others: settings.BWD_CONFIGS).
     RELOAD: the weight-gradient sums first too, and x and dy read again for dx after the row
-    sums instead of held across them (_dx_reloaded). L2_AHEAD: the tile L2_AHEAD tiles on is
-    asked of L2 as each tile starts (_prefetch_tile_l2), so that its loads find it there, with
-    no register held for it (PREFETCH holds the next tile's in registers)."""
+    sums instead of held across them (_dx_reloaded). L2_AHEAD: the tile L2_AHEAD tiles on asked
+    of L2 as each tile starts (_prefetch_tile_l2), its loads then found there, no register held."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
