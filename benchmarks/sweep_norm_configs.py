@@ -16,8 +16,6 @@ the largest output), so a kernel that races shows. Parts (--parts):
             structure at 16,384-32,768): chunk and warps at every width, against the shipped
   fwdwelford  LayerNorm's walk with mean and variance in one walk (Walk.welford)
   fwdhold   the walk holding a row's first elements in registers, walking the rest (Walk.hold)
-  fwdpersist  the walk on a persistent grid of fewer programs than rows (Walk.per_sm): fewer rows
-            in flight for L2 to keep between walks, at 65,536-262,144, against the shipped
   fwdloop   every width on the wide path (two passes over a row, the second mostly from L2, as
             Inductor's forward) against the shipped block path
   fused     the fused backward: elements per tile, warps, programs per SM (one setting for all
@@ -27,8 +25,6 @@ the largest output), so a kernel that races shows. Parts (--parts):
   lean      A/B of the fused backward's `lean` (launch.Bwd), shipped settings otherwise
   fwdcache  the walked and wide forwards with y stored streaming, and the wide kernel's loads
             with eviction policies (launch.FWD_CACHE), against the shipped, alternated
-  l2ahead   the fused backward asking L2 for a later tile as each tile starts (Bwd.l2_ahead),
-            every shipped setting, alternated with the shipped
   sliced    the backward with a row's columns shared out among programs (Bwd.slice): slice,
             chunk, warps, programs a multiprocessor, at 12,288-65,536, against the shipped
   split     the split backward (rows past the fused kernel's reach): tile rows, columns, warps,
@@ -239,27 +235,6 @@ def settings(part: str, op: str):
             label = f"hold={hold} chunk={chunk} warps={warps}{' unrolled' if unroll else ''}"
             yield label, {"FWD_WALK": every}
         yield "shipped#2", {}
-    elif part == "fwdpersist":
-        # the walk on a persistent grid (Walk.per_sm), every op and size on one setting, against
-        # the shipped before and after
-        ops = ("layer_norm", "rms_norm", "add_rms_norm")
-        yield "shipped#1", {}
-        for chunk, warps, per_sm, hold, welford in PERSIST:
-            walk = (L.Walk(1, 1 << 40, chunk, warps, hold=hold, welford=welford, per_sm=per_sm),)
-            every = {(op, size): walk for op in ops for size in (2, 4)}
-            label = f"chunk={chunk} warps={warps} per_sm={per_sm} hold={hold}"
-            yield label + " welford" * welford, {"FWD_WALK": every}
-        yield "shipped#2", {}
-    elif part == "l2ahead":
-        # each fused setting with a later tile asked of L2 (Bwd.l2_ahead), alternated twice
-        for r in (1, 2):
-            yield f"shipped#{r}", {}
-            for ahead in (1, 2):
-                configs = {
-                    k: tuple(c._replace(l2_ahead=0 if c.slice else ahead) for c in v)
-                    for k, v in L.BWD_CONFIGS.items()
-                }
-                yield f"l2_ahead={ahead} #{r}", {"BWD_CONFIGS": configs}
     elif part == "fwdunmasked":
         # the block forward without masks on whole tiles (FWD_UNMASKED) against masked, alternated
         widths = tuple(1 << k for k in range(8, 16))  # 256-32,768: every block width
@@ -292,16 +267,6 @@ HOLDS = [
     (32768, 16384, 32, False),
     (32768, 8192, 32, True),
 ]
-# (chunk, warps, programs a multiprocessor, hold, welford): a row of 262,144 bf16 is 512 KB, so
-# 132 rows in flight (the wide kernel's one a multiprocessor) are 66 MB, more than an H100's L2
-PERSIST = [
-    (8192, 32, 1, 0, False),
-    (8192, 32, 0.5, 0, False),
-    (16384, 32, 0.5, 0, False),
-    (4096, 16, 0.25, 0, False),
-    (8192, 32, 0.5, 32768, False),
-    (16384, 32, 0.5, 0, True),
-]
 WALKS = [(2048, 16), (4096, 16), (8192, 16), (8192, 32), (16384, 32), (32768, 32)]
 # rolled (results/h200_sweep_walk_rolled_7ab4d9a); unrolled at 2213a72 (h200_sweep_walk_2213a72)
 WALK_UNROLL = [False]
@@ -310,8 +275,6 @@ WIDTHS = {
     "fwdwelford": [8192, 12288, 16384, 32768, 65536, 262144],
     "fwdcache": [16384, 32768, 65536, 131072, 262144],
     "fwdhold": [65536, 131072],
-    "fwdpersist": [65536, 131072, 262144],
-    "l2ahead": BLOCK_WIDTHS + [12288, 16384],
     "fwd": BLOCK_WIDTHS + WIDE_WIDTHS,
     "bwd": BLOCK_WIDTHS + WIDE_WIDTHS,
     "fwdblock": [1024, 4096, 8192, 16384, 32768],

@@ -268,8 +268,7 @@ def test_walk_plan_by_width(monkeypatch):
     }
     for n, want in expected.items():
         p = plan(n)
-        assert p.kernel is K.norm_fwd_walk_kernel and p.grid == (6,) and p.ints == (6, n, n, n)
-        assert p.meta["PERSISTENT"] is False
+        assert p.kernel is K.norm_fwd_walk_kernel and p.grid == (6,) and p.ints == (n, n, n)
         got = tuple(p.meta[k] for k in ("CHUNK", "CHUNKS", "EVEN", "UNROLL", "num_warps"))
         assert got == want, n
 

@@ -231,23 +231,6 @@ def test_fused_backward_loads_and_order(op, dname, prefetch, lean, reload, devic
     check(op, make_inputs(op, (301, 100), dtype, device), SLACK[dtype])
 
 
-@pytest.mark.parametrize("prefetch, ahead", [(False, 1), (True, 2)])
-@pytest.mark.parametrize("dname", ["fp32", "bf16"])
-@pytest.mark.parametrize("op", OPS)
-def test_fused_backward_asking_l2_ahead(op, dname, prefetch, ahead, device, monkeypatch):
-    """Bwd.l2_ahead: a later tile's x and dy (and dh) asked of L2 as each tile starts, past the
-    last tile too (those rows clamped to the last). A hint: on the GPU it must leave every value
-    as it was; under the interpreter it computes its addresses and asks nothing. Several tiles a
-    program, the last ragged, a ragged row."""
-    setting = norm_launch.Bwd(1 << 20, 256, 4, 1, prefetch, True, not prefetch, l2_ahead=ahead)
-    monkeypatch.setattr(
-        norm_launch, "BWD_CONFIGS", dict.fromkeys(norm_launch.BWD_CONFIGS, (setting,))
-    )
-    dtype = DTYPES[dname]
-    assert norm_launch.bwd_config(100, op, dtype.itemsize)[2].l2_ahead == ahead
-    check(op, make_inputs(op, (301, 100), dtype, device), SLACK[dtype])
-
-
 @pytest.mark.parametrize(
     "prefetch,lean,reload",
     [(False, True, False), (False, False, False), (True, True, False), (False, True, True)],
@@ -405,26 +388,6 @@ def test_walk_path_with_a_held_part(op, dname, unroll, device, monkeypatch):
         check(op, make_inputs(op, shape, dtype, device, strided=strided), SLACK[dtype])
 
 
-@pytest.mark.parametrize("per_sm, programs", [(1, 3), (0.4, 1)])
-@pytest.mark.parametrize("dname", ["fp32", "bf16"])
-@pytest.mark.parametrize("op", OPS)
-def test_walk_on_a_persistent_grid(op, dname, per_sm, programs, device, monkeypatch):
-    """Walk.per_sm: fewer programs than rows, program p walking rows p, p + grid, ... (7 rows on
-    3 programs of a pretended 3-multiprocessor GPU: 3, 2 and 2 rows; or all 7 on one), for the
-    plain, held and welford walks, a ragged rest and rows strided by a wider tensor. Each row
-    against float64 (outputs start NaN: a row no program takes shows)."""
-    monkeypatch.setattr(norm_launch, "_programs_per_wave", lambda dev: 3)
-    dtype = DTYPES[dname]
-    for hold, welford in [(0, False), (256, False), (0, True)]:
-        walk = (norm_launch.Walk(1, 1 << 40, 128, 4, hold=hold, welford=welford, per_sm=per_sm),)
-        monkeypatch.setattr(norm_launch, "FWD_WALK", {(o, s): walk for o in OPS for s in (2, 4)})
-        for n, strided in [(1823, False), (512, True)]:
-            plan = norm_launch._forward_plan(7, n, n, n, FLAGS[op], dtype.itemsize)
-            assert plan.grid == (programs,) and plan.meta["PERSISTENT"] is True
-            check(op, make_inputs(op, (7, n), dtype, device, strided=strided), SLACK[dtype])
-    assert norm_launch._forward_plan(2, n, n, n, FLAGS[op], 2).meta["PERSISTENT"] is (programs < 2)
-
-
 @pytest.mark.parametrize("dname", list(DTYPES))
 @pytest.mark.parametrize("op", OPS)
 def test_rows_of_65536_on_the_shipped_walks(op, dname, device):
@@ -497,9 +460,8 @@ def test_walk_path_layer_norm_in_two_walks(dname, unroll, device, monkeypatch):
         norm_launch.Walk(1, 1 << 40, 128, 4, welford=True),
         norm_launch.Walk(1, 1 << 40, 128, 4, hold=256),
         norm_launch.Walk(1, 1 << 40, 128, 4),
-        norm_launch.Walk(1, 1 << 40, 128, 4, per_sm=0.5),
     ],
-    ids=["welford", "held", "plain", "persistent"],
+    ids=["welford", "held", "plain"],
 )
 @pytest.mark.parametrize("offset", [0.0, 1e3, 1e4, -3e4])
 def test_walked_layer_norm_stats_far_from_zero(offset, walk, device, monkeypatch):

@@ -49,19 +49,6 @@ def round_to(y, DTYPE: tl.constexpr):
     return y.to(DTYPE)
 
 
-@triton.jit
-def prefetch_l2(ptrs):
-    """Ask L2 for what `ptrs` point at (one `prefetch.global.L2` an element: give one pointer
-    each 32-byte sector, L2's unit) and go on: nothing waits for them and no register holds them.
-    A later load of them then finds them in L2 instead of going to memory, so a program that
-    holds one row at a time can have its next row on its way. A hint only: the values a kernel
-    computes do not depend on it, and Triton's interpreter (which runs no PTX) skips it."""
-    if not INTERPRETED:
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
-        )
-
-
 # --- launching without Triton's per-call Python ----------------------------------------------
 #
 # kernel[grid](*args, **meta) spends ~20-28 us of host time per launch on the H200 machine's

@@ -212,7 +212,6 @@ def norm_fwd_walk_kernel(
     H,
     Mean,
     Rstd,
-    M,
     N,
     stride_x,
     stride_r,
@@ -228,7 +227,6 @@ def norm_fwd_walk_kernel(
     WELFORD: tl.constexpr = False,
     STREAM: tl.constexpr = False,
     HOLD: tl.constexpr = 0,
-    PERSISTENT: tl.constexpr = False,
 ):
     """One program per row, walking it in CHUNKS chunks: the sum (LayerNorm) or the sum of
     squares (RMSNorm) into an elementwise accumulator reduced once, LayerNorm's centred sum of
@@ -240,32 +238,9 @@ def norm_fwd_walk_kernel(
     HOLD (a power of two below N, or 0): the row's first HOLD elements are loaded once and held in
     registers, and the chunks walk the rest from column HOLD on. Only the rest is read again, so
     the rows in flight take less of L2 (a row of 65,536 fp32 is 256 KB: 132 of them fill most of
-    an H100's L2, and the later walks then miss). PERSISTENT: the grid is smaller than M and program
-    p walks rows p, p + grid, ...: fewer rows in flight, fewer for L2 to keep between walks."""
-    # the same work one row at a time, named once: a program per row, or a few walking many
-    if PERSISTENT:
-        for row in range(tl.program_id(0), M, tl.num_programs(0)):
-            _walk_row(
-                row, X, R, W, B, Y, H, Mean, Rstd, N, stride_x, stride_r, eps, IS_RMS, HAS_W,
-                HAS_B, HAS_RES, CHUNK, CHUNKS, EVEN, UNROLL, WELFORD, STREAM, HOLD,
-            )  # fmt: skip
-    else:
-        _walk_row(
-            tl.program_id(0), X, R, W, B, Y, H, Mean, Rstd, N, stride_x, stride_r, eps, IS_RMS,
-            HAS_W, HAS_B, HAS_RES, CHUNK, CHUNKS, EVEN, UNROLL, WELFORD, STREAM, HOLD,
-        )  # fmt: skip
-
-
-@triton.jit
-def _walk_row(
-    row, X, R, W, B, Y, H, Mean, Rstd, N, stride_x, stride_r, eps,
-    IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_RES: tl.constexpr,
-    CHUNK: tl.constexpr, CHUNKS: tl.constexpr, EVEN: tl.constexpr, UNROLL: tl.constexpr,
-    WELFORD: tl.constexpr, STREAM: tl.constexpr, HOLD: tl.constexpr,
-):  # fmt: skip
-    """norm_fwd_walk_kernel's work on one row."""
+    an H100's L2, and the later walks then miss)."""
     tl.static_assert(HOLD == 0 or not WELFORD, "a held part and the welford walk do not combine")
-    rows = tl.full([1], 0, tl.int32) + row
+    rows = tl.full([1], 0, tl.int32) + tl.program_id(0)
     offs = HOLD + tl.arange(0, CHUNK)
     acc = tl.zeros([1, CHUNK], tl.float32)
     if HOLD > 0:

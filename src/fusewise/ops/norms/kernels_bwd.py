@@ -18,7 +18,6 @@ Row offsets are int64 so tensors past 2**31 elements index correctly.
 import triton
 import triton.language as tl
 
-from .._launch import prefetch_l2
 from .._launch import round_to as _round
 
 
@@ -142,22 +141,6 @@ def _load_bwd_tile(
 
 
 @triton.jit
-def _prefetch_tile_l2(
-    X, DY, DH, tile, M, N, stride_x, stride_dy, stride_dh,
-    HAS_DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    """Tile `tile`'s x, dy (dh) asked of L2 a 32-byte sector each; rows past M: the last row."""
-    SECTOR: tl.constexpr = 32 // (X.dtype.element_ty.primitive_bitwidth // 8)
-    SECTORS: tl.constexpr = BLOCK_N // SECTOR if BLOCK_N > SECTOR else 1
-    rows = tl.minimum(tile * BLOCK_M + tl.arange(0, BLOCK_M), M - 1).to(tl.int64)[:, None]
-    cols = tl.minimum(tl.arange(0, SECTORS) * SECTOR, N - 1)[None, :]
-    prefetch_l2(X + rows * stride_x + cols)
-    prefetch_l2(DY + rows * stride_dy + cols)
-    if HAS_DH:
-        prefetch_l2(DH + rows * stride_dh + cols)
-
-
-@triton.jit
 def norm_bwd_block_kernel(
     X,
     W,
@@ -184,7 +167,6 @@ def norm_bwd_block_kernel(
     PREFETCH: tl.constexpr,
     LEAN: tl.constexpr,
     RELOAD: tl.constexpr,
-    L2_AHEAD: tl.constexpr = 0,
 ):
     """Persistent: program p takes row tiles p, p+P, ...; writes dx, and its fp32 partial sums
     of dy·x̂ and dy into row p of DW_part / DB_part (summed afterwards: deterministic, no atomics).
@@ -194,8 +176,7 @@ def norm_bwd_block_kernel(
     the weight-gradient sums before dx and the weight in its storage dtype, fewer registers live
     across the row sums (each faster at some widths and slower at others: settings.BWD_CONFIGS).
     RELOAD: the weight-gradient sums first too, and x and dy read again for dx after the row
-    sums instead of held across them (_dx_reloaded). L2_AHEAD: the tile L2_AHEAD tiles on asked
-    of L2 as each tile starts (_prefetch_tile_l2), its loads then found there, no register held."""
+    sums instead of held across them (_dx_reloaded)."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -214,11 +195,6 @@ def norm_bwd_block_kernel(
         )
     for i in range(0, tiles_per_program):
         tile = pid + i * n_programs
-        if L2_AHEAD > 0:
-            _prefetch_tile_l2(
-                X, DY, DH, tile + L2_AHEAD * n_programs, M, N, stride_x, stride_dy, stride_dh,
-                HAS_DH, BLOCK_M, BLOCK_N,
-            )  # fmt: skip
         if PREFETCH:
             x_raw, dy_raw, mean, rstd = nxt
             nxt = _load_bwd_tile(

@@ -78,7 +78,7 @@ def alloc(shape, dtype, device) -> torch.Tensor:
 def _programs_per_wave(device: torch.device) -> int:
     # Under the interpreter a few programs keep tests fast and still exercise the cross-program
     # reduction of the weight gradient.
-    return sm_count(device.index or 0) if device is not None and device.type == "cuda" else 3
+    return sm_count(device.index or 0) if device.type == "cuda" else 3
 
 
 def block_config(n: int) -> tuple[int, int, int]:
@@ -153,14 +153,14 @@ _MAX_PLANS = 1024
 
 
 def _forward_plan(
-    m: int, n: int, stride_x: int, stride_r: int, flags: tuple, element_size: int, dev=None
+    m: int, n: int, stride_x: int, stride_r: int, flags: tuple, element_size: int
 ) -> _FwdPlan:
     # FWD_UNMASKED's and FWD_WALK's say for this width (fp16 takes bf16's), read on every call:
     # a table replaced or edited in place is seen
     op = (op_name(flags[0], flags[3]), element_size)
     unmasked = n in FWD_UNMASKED.get(op, ())
     walk = next((w for w in FWD_WALK.get(op, ()) if w.narrowest <= n <= w.widest), None)
-    key = (m, n, stride_x, stride_r, flags, unmasked, walk, dev, MAX_BLOCK_N_FWD, WIDE_CHUNK_FWD)
+    key = (m, n, stride_x, stride_r, flags, unmasked, walk, MAX_BLOCK_N_FWD, WIDE_CHUNK_FWD)
     key += (WIDE_WARPS, TILE_ELEMENTS_FWD, FWD_ELEMENTS_PER_THREAD, MAX_WARPS_FWD, FWD_CACHE)
     plan = _fwd_plans.get(key)
     if plan is not None:
@@ -173,9 +173,7 @@ def _forward_plan(
         meta |= dict(CHUNK=chunk, CHUNKS=chunks, EVEN=even, num_warps=walk.warps, HOLD=walk.hold)
         meta |= dict(UNROLL=chunks if walk.unroll else 1, WELFORD=walk.welford)
         meta |= dict(STREAM=FWD_CACHE >= 1)
-        grid = min(m, max(1, int(walk.per_sm * _programs_per_wave(dev)))) if walk.per_sm else m
-        meta |= dict(PERSISTENT=grid < m)
-        plan = _FwdPlan(K.norm_fwd_walk_kernel, (grid,), (m, n, stride_x, stride_r), meta)
+        plan = _FwdPlan(K.norm_fwd_walk_kernel, (m,), (n, stride_x, stride_r), meta)
     elif use_wide_path(n):
         meta |= dict(BLOCK_N=WIDE_CHUNK_FWD, num_warps=WIDE_WARPS, CACHE=FWD_CACHE)
         plan = _FwdPlan(K.norm_fwd_wide_kernel, (m,), (n, stride_x, stride_r), meta)
@@ -210,7 +208,7 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
     flags = (is_rms, weight is not None, bias is not None, residual is not None)
     h_buf = h if h is not None else y
     mean_buf = mean if mean is not None else rstd
-    plan = _forward_plan(m, n, x.stride(0), r.stride(0), flags, x.element_size(), dev)
+    plan = _forward_plan(m, n, x.stride(0), r.stride(0), flags, x.element_size())
     args = (x, r, weight, bias, y, h_buf, mean_buf, rstd, *plan.ints, eps)
     launch(plan.kernel, plan.grid, *args, **plan.meta)
     return y, h, mean, rstd
@@ -297,7 +295,7 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
         launch(KBS.norm_bwd_sliced_kernel, (plan.groups * plan.slices,), *args, **flags, **meta)
     else:
         meta = dict(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, PREFETCH=setting.prefetch)
-        meta |= dict(LEAN=setting.lean, RELOAD=setting.reload, L2_AHEAD=setting.l2_ahead)
+        meta |= dict(LEAN=setting.lean, RELOAD=setting.reload)
         launch(KB.norm_bwd_block_kernel, (plan.groups,), *args, **flags, **meta)
     if plan.groups == 1:
         return dx, dw, db

@@ -30,8 +30,6 @@ class Bwd(NamedTuple):
     # accumulators of their slice only (kernels_bwd_sliced); `tile` is then the walk's chunk.
     # 0: whole rows a program (norm_bwd_block_kernel)
     unroll: bool = False  # sliced: the row sums' walk unrolled whole, else a loop of chunks
-    l2_ahead: int = 0  # whole-row programs: the tile this many tiles on asked of L2 as each tile
-    # starts (kernels_bwd._prefetch_tile_l2); 0: none
 
 
 # Backward, fused kernel, by (op, bytes per element), from the sweeps at 32288f2 (bf16) and
@@ -121,8 +119,6 @@ class Walk(NamedTuple):
     # and M2, merged at the end), so two walks over the row instead of three
     hold: int = 0  # the row's first `hold` elements (a power of two below `narrowest`) held in
     # registers from the first walk, the walks going over the rest: less of a row read again
-    per_sm: float = 0  # programs a multiprocessor, each walking rows p, p + grid, ... (fewer rows
-    # in flight for L2 to keep between walks); 0: a program a row
 
     def chunks_of(self, n: int) -> tuple[int, int, bool]:
         """(chunk, chunks, even) of the walked part of a row of n: the chunk capped at that
