@@ -46,6 +46,7 @@ for dtype, (is_rms, has_res) in itertools.product(
     ops = dict(IS_RMS=is_rms, HAS_W=True, HAS_B=not is_rms, HAS_RES=has_res)
     tail = dict(stride_x="i32", stride_r="i32", eps="fp32")
     block = {**tensors, "M": "i32", "N": "i32", **tail}
+    by_row = {**tensors, "N": "i32", **tail}  # the walk and wide kernels: a program a row
     for even in (False, True):
         meta = dict(ops, BLOCK_M=2, BLOCK_N=256, EVEN=even)
         compile_for_gpu(K.norm_fwd_block_kernel, block, meta, 4)
@@ -55,17 +56,15 @@ for dtype, (is_rms, has_res) in itertools.product(
             meta = dict(ops, CHUNK=256, CHUNKS=2, EVEN=even, UNROLL=unroll, WELFORD=welford)
             # every parameter given: Triton 3.9 compiles an omitted default as None
             meta |= dict(STREAM=False, HOLD=0)
-            ptx = compile_for_gpu(K.norm_fwd_walk_kernel, {**tensors, "N": "i32", **tail}, meta, 4)
+            ptx = compile_for_gpu(K.norm_fwd_walk_kernel, by_row, meta, 4)
             assert ".cs" not in ptx
         meta = dict(ops, CHUNK=256, CHUNKS=2, EVEN=even, UNROLL=1, WELFORD=False, STREAM=True)
         for hold in (0, 512):  # a held part: loaded evict-first, its y stored streaming too
-            ptx = compile_for_gpu(
-                K.norm_fwd_walk_kernel, {**tensors, "N": "i32", **tail}, meta | dict(HOLD=hold), 4
-            )
+            ptx = compile_for_gpu(K.norm_fwd_walk_kernel, by_row, meta | dict(HOLD=hold), 4)
             assert "st.global.cs" in ptx and "evict_first" in ptx
-    wide = {**tensors, "N": "i32", **tail}
     for cache in (0, 1, 2):
-        ptx = compile_for_gpu(K.norm_fwd_wide_kernel, wide, dict(ops, BLOCK_N=256, CACHE=cache), 4)
+        meta = dict(ops, BLOCK_N=256, CACHE=cache)
+        ptx = compile_for_gpu(K.norm_fwd_wide_kernel, by_row, meta, 4)
         assert ("st.global.cs" in ptx) == (cache >= 1), cache
         assert ("evict_last" in ptx) == ("evict_first" in ptx) == (cache >= 2), cache
     # the sliced backward: dx stored streaming, the slice read again evict-first
