@@ -22,6 +22,7 @@ import warnings
 
 import torch
 
+from .ops import _dispatch
 from .ops.adamw import step_group
 
 _STATE_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
@@ -285,7 +286,7 @@ def _check_torch_options(options: dict, where: str) -> None:
             warnings.warn(
                 f"fusewise.optim.AdamW: {name}={value!r} ({where}) has no effect: the step is "
                 "always fused (one Triton launch per dtype bucket) and capturable.",
-                stacklevel=3,
+                stacklevel=_dispatch.caller_stacklevel(),
             )
 
 

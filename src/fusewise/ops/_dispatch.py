@@ -8,6 +8,7 @@ path each op took last, so a user (or the diagnosis) can check that the fast pat
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 
 import torch
@@ -21,6 +22,25 @@ REFERENCE = "reference"
 _TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _last_path: dict[str, str] = {}
 _warned: set[tuple[str, str]] = set()
+
+
+# files whose frames a warning skips to reach the user's line: fusewise's and torch's
+_INTERNAL_DIRS = tuple(
+    os.path.dirname(os.path.abspath(f)) + os.sep
+    for f in (os.path.dirname(os.path.abspath(__file__)), torch.__file__)
+)
+
+
+def caller_stacklevel() -> int:
+    """warnings.warn's stacklevel for the first frame outside fusewise and torch, from the
+    function that warns: the user's line that reached the op, however it got there (a direct
+    call, autograd.Function.apply, a backward run by the autograd engine, a patched module's
+    forward through nn.Module.__call__). A fixed stacklevel points into fusewise or torch on
+    some of those paths."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL_DIRS):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class FusewiseFallbackError(RuntimeError):
@@ -100,7 +120,7 @@ def choose_path(op: str, *tensors: torch.Tensor | None) -> str:
             raise FusewiseFallbackError(message + " (FUSEWISE_STRICT=1 forbids the fallback)")
         if (op, reason) not in _warned:
             _warned.add((op, reason))
-            warnings.warn(message, stacklevel=3)
+            warnings.warn(message, stacklevel=caller_stacklevel())
         path = REFERENCE
     _last_path[op] = path
     return path

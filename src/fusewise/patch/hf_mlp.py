@@ -168,7 +168,7 @@ def _activation(mlp, layout: str) -> str | None:
         warnings.warn(
             f"fusewise: {type(mlp).__name__}.{attr} was replaced after fusewise.patch and "
             f"{reason.replace('its activation', 'the new one')}: the MLP runs its own forward",
-            stacklevel=3,
+            stacklevel=_dispatch.caller_stacklevel(),
         )
     return act
 

@@ -138,7 +138,7 @@ def _gemm(out: Tensor, a: Tensor, b: Tensor, accumulate: bool) -> None:
                 f"fusewise.ops.linear_cross_entropy: the fp32-output GEMM failed "
                 f"({type(e).__name__}: {str(e)[:80]}); using fp32 operands instead, "
                 f"which is slower",
-                stacklevel=3,
+                stacklevel=_dispatch.caller_stacklevel(),
             )
     out.addmm_(a.float(), b.float()) if accumulate else torch.mm(a.float(), b.float(), out=out)
 
