@@ -415,3 +415,40 @@ def test_past_2_31_elements_uses_64_bit_offsets():
     for out, x in ((q_out, q), (k_out, k)):
         want = _oracle(x[:, :, tail].double(), cos[tail].double(), sin[tail].double(), False)
         torch.testing.assert_close(out[:, :, tail].double(), want, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_second_derivative_matches_float64(interleaved, device):
+    """A gradient penalty through the rotary (create_graph=True). Rotary is linear, so its
+    backward Rᵀ g differentiates exactly (by R, the forward); once_differentiable refused it.
+    The loss is not linear in q_out, so the incoming gradient depends on q and k and the second
+    derivative runs through the backward's own backward. q arrives transposed (HF's layout),
+    with grouped-query heads and a partial rotary. float32: in bf16 the cube and the square
+    amplify the storage rounding past any tolerance that would still catch a wrong formula."""
+    dtype = torch.float32
+    b, hq, hkv, s, d, dr = 2, 4, 2, 6, 16, 10
+    leaves = [torch.randn(b, s, h, d, device=device).to(dtype) for h in (hq, hkv)]
+    angles = torch.rand(1, s, dr, device=device, dtype=torch.float64) * 6.3
+    weights = [torch.randn(b, h, s, d, device=device, dtype=torch.float64) for h in (hq, hkv)]
+
+    def penalty_grads(rotate, leaves, cast):
+        q, k = (leaf.transpose(1, 2) for leaf in leaves)
+        q_out, k_out = rotate(q, k, cast(angles.cos()), cast(angles.sin()))
+        loss = sum((out.double() ** 3 * w).sum() for out, w in zip((q_out, k_out), weights))
+        gq, gk = torch.autograd.grad(loss, leaves, create_graph=True)
+        penalty = (gq.double() ** 2).sum() + (gk.double() * gk.double().sin()).sum()
+        return torch.autograd.grad(penalty, leaves)
+
+    ours = penalty_grads(
+        lambda q, k, c, s: apply_rotary(q, k, c, s, interleaved=interleaved),
+        [leaf.requires_grad_() for leaf in leaves],
+        lambda t: t.to(dtype),
+    )
+    want = penalty_grads(
+        lambda q, k, c, s: (_oracle(q, c, s, interleaved), _oracle(k, c, s, interleaved)),
+        [leaf.detach().double().requires_grad_() for leaf in leaves],
+        lambda t: t,
+    )
+    for got, exact in zip(ours, want):
+        assert got.dtype == dtype and got.abs().sum() > 0
+        assert (got.double() - exact).abs().max() <= 1e-5 * exact.abs().max()

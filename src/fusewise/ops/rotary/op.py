@@ -75,9 +75,31 @@ class _RotaryFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # double backward: a clear error, not zeros
     def backward(ctx, dq_out, dk_out):
+        if torch.is_grad_enabled():  # create_graph=True: dq, dk must carry a graph
+            return _backward(ctx, dq_out, dk_out, _differentiable_backward)
         return _backward(ctx, dq_out, dk_out, backward_impl)
+
+
+class _TransposedRotary(torch.autograd.Function):
+    """(Rᵀ dq_out, Rᵀ dk_out) as an op autograd differentiates again, for a second derivative
+    (a gradient penalty, a Hessian-vector product). Rotary is linear: the derivative of Rᵀ g with
+    respect to g is R, the forward itself (with its own autograd, so any order works), and there
+    is no other term (cos and sin take no gradient)."""
+
+    @staticmethod
+    def forward(ctx, dq_out, dk_out, cos, sin, interleaved):
+        _save(ctx, cos, sin, interleaved)
+        return backward_impl(dq_out, dk_out, cos, sin, interleaved, True, True)
+
+    @staticmethod
+    def backward(ctx, ddq, ddk):
+        cos, sin = ctx.saved_tensors
+        return *rotary(ddq, ddk, cos, sin, ctx.interleaved), None, None, None
+
+
+def _differentiable_backward(dq_out, dk_out, cos, sin, interleaved, need_dq, need_dk):
+    return _TransposedRotary.apply(dq_out, dk_out, cos, sin, interleaved)
 
 
 def _save(ctx, cos, sin, interleaved):
