@@ -252,25 +252,13 @@ def norm_fwd_walk_kernel(
         )
     m2 = tl.zeros([1, CHUNK], tl.float32)  # WELFORD: each lane's sum of squares about its mean
     if not IS_RMS:
-        # the lanes walk x less the mean of the row's first block (the held part, or the first
-        # chunk): their running means (WELFORD) or sums then stay near 0. A mean far from 0
-        # would carry its rounding into M2 at first order, and a plain fp32 sum's into the mean
-        # (a review: 1e4 + randn rows 2.3x less accurate held than on the wide kernel's merged
-        # statistics, 1e3 + randn rows 2.2x walked plainly than on the block kernel). Not less
-        # x[0]: an outlier there made every shifted element large (a review: y 40x less
-        # accurate at x[0] = 1e4, n = 8,192, fp32); in a block's mean it counts 1/block.
-        if HOLD > 0:
-            shift = (tl.sum(held, axis=1) / HOLD)[:, None]
-        else:  # the first chunk, loaded for its mean, is the walk's first step
-            fits = (offs < N)[None, :]  # the first chunk's lanes inside the row
-            first = _load_row_tile(
-                X, R, H, rows, offs, fits, stride_x, stride_r, N, HAS_RES, True, EVEN, "evict_last"
-            )
-            shift = (tl.sum(first, axis=1) / tl.minimum(N, CHUNK))[:, None]
-            # a running mean (WELFORD) or a sum of one element: the same (only the last chunk
-            # can be ragged)
-            acc = (first - shift) if EVEN else tl.where(fits, first - shift, 0.0)
-    for c in tl.range(1 if (HOLD == 0 and not IS_RMS) else 0, CHUNKS, loop_unroll_factor=UNROLL):
+        # the lanes walk x less the row's first element: their running means (WELFORD) or sums
+        # then stay near 0 (a mean far from 0 would carry its rounding into M2 at first order,
+        # and a plain fp32 sum's into the mean: a review found 1e4 + randn rows 2.3x less
+        # accurate held than on the wide kernel's merged statistics, and 1e3 + randn rows were
+        # 2.2x less accurate walked plainly than on the block kernel)
+        shift = tl.load(X + rows.to(tl.int64) * stride_x).to(tl.float32)[:, None]
+    for c in tl.range(0, CHUNKS, loop_unroll_factor=UNROLL):
         cols = c * CHUNK + offs
         mask = (cols < N)[None, :]
         x = _load_row_tile(
