@@ -463,17 +463,25 @@ def test_walk_path_layer_norm_in_two_walks(dname, unroll, device, monkeypatch):
     ],
     ids=["welford", "held", "plain"],
 )
-@pytest.mark.parametrize("offset", [0.0, 1e3, 1e4, -3e4])
-def test_walked_layer_norm_stats_far_from_zero(offset, walk, device, monkeypatch):
-    """Rows whose mean is far from 0 next to their spread: the lanes walk x less the row's first
-    element (in one walk, welford; or holding a part), so the statistics (fp32) are as close to
-    float64 as the one-pass-in-registers block kernel's, not worse by the mean's rounding. Also
-    a constant row (variance 0)."""
+@pytest.mark.parametrize("rows", ["0", "1e3", "1e4", "-3e4", "outlier 1e4", "outlier -3e4"])
+def test_walked_layer_norm_stats_far_from_zero(rows, walk, device, monkeypatch):
+    """Rows whose mean is far from 0 next to their spread (offset), or with one element far from
+    the rest (outlier: first, middle, last; an outlier channel as in large models' activations):
+    the statistics (fp32) are as close to float64 as the one-pass-in-registers block kernel's,
+    not worse by the mean's rounding: the lanes walk x less the median of five elements (0,
+    250, 500, 749, 999 here; less x[0], the outliers failed 6). The outliers sit where the
+    median samples, one a row, two in row 2. Offset: also a constant row."""
     from fusewise.ops.norms import reference
 
     torch.manual_seed(0)
-    x = torch.randn(6, 1000, device=device) * 3 + offset
-    x[5] = offset + 1.0  # constant: rstd = eps**-0.5
+    value = float(rows.split()[-1])
+    if rows.startswith("outlier"):
+        x = torch.randn(6, 1000, device=device) * 3
+        x[:3, 0], x[3, 500], x[4, 999], x[5, 0] = value, value, value, -value
+        x[2, 999] = value / 2
+    else:
+        x = torch.randn(6, 1000, device=device) * 3 + value
+        x[5] = value + 1.0  # constant: rstd = eps**-0.5
     w, b = torch.randn(1000, device=device), torch.randn(1000, device=device)
     want = reference.norm_forward(x.double(), None, w.double(), b.double(), 1e-5, False)
     monkeypatch.setattr(norm_launch, "FWD_WALK", {})

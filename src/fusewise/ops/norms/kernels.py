@@ -203,6 +203,27 @@ def norm_fwd_wide_kernel(
 
 
 @triton.jit
+def _median5(row_ptr, N):
+    """The median of the row's elements at 0, N/4, N/2, 3N/4 and N - 1, in fp32: one or two
+    outliers among them are never chosen. Sort the pairs (a, b) and (c, d); the lower of the two
+    minimums has three elements above it, so it is not the median: drop it. The median is then
+    the second smallest of the four left (its pair's maximum, the other pair, e): with its
+    pair's maximum and e sorted into (lo, hi), min(max(lo, c), min(hi, d))."""
+    a = tl.load(row_ptr).to(tl.float32)
+    b = tl.load(row_ptr + N // 4).to(tl.float32)
+    c = tl.load(row_ptr + N // 2).to(tl.float32)
+    d = tl.load(row_ptr + N - N // 4 - 1).to(tl.float32)
+    e = tl.load(row_ptr + N - 1).to(tl.float32)
+    a, b = tl.minimum(a, b), tl.maximum(a, b)
+    c, d = tl.minimum(c, d), tl.maximum(c, d)
+    first_lower = a <= c  # drop the lower minimum; its pair's maximum stays
+    kept_max = tl.where(first_lower, b, d)
+    c, d = tl.where(first_lower, c, a), tl.where(first_lower, d, b)
+    lo, hi = tl.minimum(kept_max, e), tl.maximum(kept_max, e)
+    return tl.minimum(tl.maximum(lo, c), tl.minimum(hi, d))
+
+
+@triton.jit
 def norm_fwd_walk_kernel(
     X,
     R,
@@ -252,12 +273,16 @@ def norm_fwd_walk_kernel(
         )
     m2 = tl.zeros([1, CHUNK], tl.float32)  # WELFORD: each lane's sum of squares about its mean
     if not IS_RMS:
-        # the lanes walk x less the row's first element: their running means (WELFORD) or sums
-        # then stay near 0 (a mean far from 0 would carry its rounding into M2 at first order,
-        # and a plain fp32 sum's into the mean: a review found 1e4 + randn rows 2.3x less
-        # accurate held than on the wide kernel's merged statistics, and 1e3 + randn rows were
-        # 2.2x less accurate walked plainly than on the block kernel)
-        shift = tl.load(X + rows.to(tl.int64) * stride_x).to(tl.float32)[:, None]
+        # the lanes walk x less a shift near the row's mean: their running means (WELFORD) or
+        # sums then stay near 0 (a mean far from 0 would carry its rounding into M2 at first
+        # order, and a plain fp32 sum's into the mean: a review found 1e4 + randn rows 2.3x
+        # less accurate held than on the wide kernel's merged statistics, and 1e3 + randn rows
+        # 2.2x less accurate walked plainly than on the block kernel). The shift is the median
+        # of five elements spread over the row, not x[0]: an outlier x[0] (an outlier channel)
+        # made every shifted element large, and y 40x less accurate than eager in fp32. Not the
+        # first chunk's mean either (7dec0df): its reduction before the walk cost 15% at 65,536
+        # bf16 on the H100. Five scalar loads, no reduction.
+        shift = _median5(X + rows.to(tl.int64) * stride_x, N)[:, None]
     for c in tl.range(0, CHUNKS, loop_unroll_factor=UNROLL):
         cols = c * CHUNK + offs
         mask = (cols < N)[None, :]
