@@ -2,6 +2,8 @@
 frame inside fusewise or torch, whatever the path: a direct call, an autograd backward run by the
 engine, a patched module, an optimizer's step."""
 
+import threading
+import time
 import warnings
 
 import pytest
@@ -84,3 +86,51 @@ def test_optimizer_step_and_constructor(fallback_warns, monkeypatch):
     assert (w.filename, w.lineno) == at("CONSTRUCTOR")
     w = only_warning(caught, "fusewise.ops.adamw:")
     assert (w.filename, w.lineno) == at("STEP")
+
+
+def test_a_bundled_example_is_the_users_code(fallback_warns):
+    """fusewise's examples are scripts a user runs: their line is named, not the one that ran
+    them."""
+    from fusewise.examples import gpt
+
+    block = gpt.Block(gpt.GPTConfig(seq=8, d_model=16, heads=2), variant="fusewise")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        block(torch.randn(2, 8, 16))
+    w = only_warning(caught, "fusewise.ops.layer_norm:")
+    assert w.filename == gpt.__file__
+    lines = open(gpt.__file__).read().splitlines()
+    assert "self.ln1(x)" in lines[w.lineno - 1]
+
+
+def test_a_stack_with_no_user_frame_names_its_outermost_frame(fallback_warns):
+    """A thread started from C on a fusewise function has no frame outside fusewise (as a
+    backward on CUDA's autograd thread): the warning names that function's line, not `sys:1`."""
+    import _thread
+    import inspect
+
+    from fusewise.ops.norms import op as norm_op
+
+    done = threading.Event()
+
+    def target():  # the thread's one Python frame outside fusewise is this test's own
+        try:
+            norm_op.layer_norm(torch.randn(4, 32))
+        finally:
+            done.set()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _thread.start_new_thread(target, ())  # a frame outside fusewise: the user's line
+        assert done.wait(60)
+        done.clear()
+        _dispatch._warned.clear()
+        _thread.start_new_thread(norm_op.layer_norm, (torch.randn(4, 32),))  # none at all
+        for _ in range(600):
+            if len([w for w in caught if "fusewise.ops.layer_norm:" in str(w.message)]) == 2:
+                break
+            time.sleep(0.1)
+    first, second = [w for w in caught if "fusewise.ops.layer_norm:" in str(w.message)]
+    assert (first.filename, first.lineno) == (__file__, inspect.getsourcelines(target)[1] + 2)
+    assert second.filename == inspect.getsourcefile(norm_op.layer_norm)
+    assert second.filename != "sys"

@@ -24,11 +24,17 @@ _last_path: dict[str, str] = {}
 _warned: set[tuple[str, str]] = set()
 
 
-# files whose frames a warning skips to reach the user's line: fusewise's and torch's
+# files whose frames a warning skips to reach the user's line: fusewise's and torch's, but for
+# fusewise's bundled examples (scripts a user runs and reads: their lines are the user's)
 _INTERNAL_DIRS = tuple(
     os.path.dirname(os.path.abspath(f)) + os.sep
     for f in (os.path.dirname(os.path.abspath(__file__)), torch.__file__)
 )
+_EXAMPLES_DIR = os.path.join(_INTERNAL_DIRS[0], "examples") + os.sep
+
+
+def _internal(filename: str) -> bool:
+    return filename.startswith(_INTERNAL_DIRS) and not filename.startswith(_EXAMPLES_DIR)
 
 
 def caller_stacklevel() -> int:
@@ -36,9 +42,11 @@ def caller_stacklevel() -> int:
     function that warns: the user's line that reached the op, however it got there (a direct
     call, autograd.Function.apply, a backward run by the autograd engine, a patched module's
     forward through nn.Module.__call__). A fixed stacklevel points into fusewise or torch on
-    some of those paths."""
+    some of those paths. A stack with no such frame (a thread started from C on a fusewise
+    function, a backward on CUDA's autograd thread) names its outermost frame: a level past it
+    would file the warning under `sys:1`."""
     frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL_DIRS):
+    while frame.f_back is not None and _internal(frame.f_code.co_filename):
         frame, level = frame.f_back, level + 1
     return level
 
