@@ -13,6 +13,7 @@ import sys
 
 SCRIPT = r"""
 import itertools
+import re
 import triton
 from triton.backends.compiler import GPUTarget
 from fusewise.ops.norms import kernels as K
@@ -22,14 +23,14 @@ TARGET = GPUTarget("cuda", 90, 32)
 ALIGNED = {"N", "stride_x", "stride_r", "stride_dy", "stride_dh"}
 
 
-def compile_for_gpu(fn, args, constants, warps):
+def compile_for_gpu(fn, args, constants, warps, aligned=ALIGNED):
     global compiled
     names = list(args) + list(constants)
     signature = {**args, **dict.fromkeys(constants, "constexpr")}
     attrs = {
         (i,): [["tt.divisibility", 16]]
         for i, n in enumerate(names)
-        if n in ALIGNED or signature[n].startswith("*")
+        if n in aligned or signature[n].startswith("*")
     }
     src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
     kernel = triton.compile(src, target=TARGET, options={"num_warps": warps})
@@ -43,7 +44,8 @@ for dtype, (is_rms, has_res) in itertools.product(
 ):
     t = "*" + dtype
     tensors = dict(X=t, R=t, W=t, B=t, Y=t, H=t, Mean="*fp32", Rstd="*fp32")
-    ops = dict(IS_RMS=is_rms, HAS_W=True, HAS_B=not is_rms, HAS_RES=has_res)
+    # every parameter given: Triton 3.9 compiles an omitted default as None
+    ops = dict(IS_RMS=is_rms, HAS_W=True, HAS_B=not is_rms, HAS_RES=has_res, ALIGN=1)
     tail = dict(stride_x="i32", stride_r="i32", eps="fp32")
     block = {**tensors, "M": "i32", "N": "i32", **tail}
     by_row = {**tensors, "N": "i32", **tail}  # the walk and wide kernels: a program a row
@@ -67,6 +69,24 @@ for dtype, (is_rms, has_res) in itertools.product(
         ptx = compile_for_gpu(K.norm_fwd_wide_kernel, by_row, meta, 4)
         assert ("st.global.cs" in ptx) == (cache >= 1), cache
         assert ("evict_last" in ptx) == ("evict_first" in ptx) == (cache >= 2), cache
+    # widths and strides 16 does not divide, passed divided by ALIGN = 8 (launch.align_of):
+    # loads and stores of 16 bytes (x and y of each kernel)
+    unaligned = dict(ops, ALIGN=8)
+    # (tiles of 16 elements a thread or more: 16 bytes or more of bf16 to each)
+    block_meta = dict(unaligned, BLOCK_M=2, BLOCK_N=1024, EVEN=False)
+    walk_meta = dict(unaligned, CHUNK=2048, CHUNKS=2, EVEN=False, UNROLL=1, WELFORD=False)
+    walk_meta |= dict(STREAM=False, HOLD=0)
+    for fn, args, meta in [
+        (K.norm_fwd_block_kernel, block, block_meta),
+        (K.norm_fwd_walk_kernel, by_row, walk_meta),
+        (K.norm_fwd_wide_kernel, by_row, dict(unaligned, BLOCK_N=2048, CACHE=0)),
+    ]:
+        ptx = compile_for_gpu(fn, args, meta, 4, aligned=set())
+        assert re.search(r"ld\.global[.\w:]*\.v4\.b32", ptx), fn.__name__
+        assert re.search(r"st\.global[.\w:]*\.v4\.b32", ptx), fn.__name__
+        # and without ALIGN, an element (bf16) or 4 bytes a load: the test can fail
+        ptx = compile_for_gpu(fn, args, dict(meta, ALIGN=1), 4, aligned=set())
+        assert not re.search(r"st\.global[.\w:]*\.v4\.b32", ptx), fn.__name__
     # the sliced backward: dx stored streaming, the slice read again evict-first
     bwd = dict(X=t, W=t, DY=t, DH=t, DX=t, Mean="*fp32", Rstd="*fp32", DW_part="*fp32")
     bwd |= dict(DB_part="*fp32", M="i32", N="i32", stride_x="i32", stride_dy="i32")
@@ -87,5 +107,6 @@ def test_kernels_compile_for_the_gpu():
     )
     assert done.returncode == 0, done.stderr[-4000:]
     # 2 dtypes x (3 ops x (2 block + 2 streaming walks + 2 holding walks + 3 wide: FWD_CACHE
-    # 0-2 + 2 sliced backwards) + walks: 8 LayerNorm, 4 for each RMS op)
-    assert done.stdout.split() == ["compiled", "98"]
+    # 0-2 + 2 sliced backwards + 3 kernels with ALIGN = 8 and 1, unaligned) + walks: 8 LayerNorm,
+    # 4 for each RMS op)
+    assert done.stdout.split() == ["compiled", "134"]

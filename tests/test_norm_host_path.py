@@ -268,7 +268,9 @@ def test_walk_plan_by_width(monkeypatch):
     }
     for n, want in expected.items():
         p = plan(n)
-        assert p.kernel is K.norm_fwd_walk_kernel and p.grid == (6,) and p.ints == (n, n, n)
+        assert p.kernel is K.norm_fwd_walk_kernel and p.grid == (6,)
+        align = p.meta["ALIGN"]  # 100 = 4 x 25, 300 = 4 x 75: passed divided by it
+        assert align == {100: 4, 300: 4}.get(n, 1) and p.ints == (n // align,) * 3
         got = tuple(p.meta[k] for k in ("CHUNK", "CHUNKS", "EVEN", "UNROLL", "num_warps"))
         assert got == want, n
 

@@ -493,3 +493,49 @@ def test_walked_layer_norm_stats_far_from_zero(rows, walk, device, monkeypatch):
     for i, scale in [(0, 0.0), (2, spread), (3, 0.0)]:  # y, mean, rstd
         block_err = rel_err(block[i], want[i], scale)
         assert rel_err(got[i], want[i], scale) <= 2 * block_err + 1e-7, i
+
+
+def test_align_of():
+    """ALIGN: the largest power of two below 16 dividing the width and strides; 1 where 16 does
+    (Triton knows that itself) and where nothing does."""
+    assert norm_launch.align_of(65528, 65528, 65528) == 8
+    assert norm_launch.align_of(65536, 65544, 65536) == 8  # a padded row stride
+    assert norm_launch.align_of(1004, 1004, 0) == 4  # stride 0: a broadcast residual
+    assert norm_launch.align_of(1002, 1002, 1002) == 2
+    assert norm_launch.align_of(65536, 65536, 65536) == 1
+    assert norm_launch.align_of(32769, 32769, 32769) == 1
+    assert norm_launch.align_of(0, 0, 0) == 1
+
+
+def _strided_rows(x: torch.Tensor, stride: int) -> torch.Tensor:
+    """x's values in rows `stride` apart (a column slice of a wider, poisoned tensor)."""
+    wide = torch.full((x.shape[0], stride), float("nan"), device=x.device, dtype=x.dtype)
+    wide[:, : x.shape[1]] = x.detach()
+    return wide[:, : x.shape[1]].requires_grad_()
+
+
+@pytest.mark.parametrize("path", ["block", "walk", "wide"])
+@pytest.mark.parametrize("dname", ["fp32", "bf16"])
+@pytest.mark.parametrize("op", OPS)
+def test_widths_and_strides_divisible_by_2_4_8(op, dname, path, device, monkeypatch):
+    """Each forward kernel at widths and row strides that 16 does not divide: the launcher passes
+    them divided by ALIGN and the kernel multiplies them back (a division forgotten on either
+    side reads the wrong rows or columns). x's rows strided apart from the residual's."""
+    if path == "walk":
+        walk = (norm_launch.Walk(1, 1 << 40, 128, 4),)
+        monkeypatch.setattr(norm_launch, "FWD_WALK", {(o, s): walk for o in OPS for s in (2, 4)})
+    if path == "wide":
+        monkeypatch.setattr(norm_launch, "MAX_BLOCK_N_FWD", 256)
+        monkeypatch.setattr(norm_launch, "WIDE_CHUNK_FWD", 128)
+    kernel = {"block": "norm_fwd_block_kernel", "walk": "norm_fwd_walk_kernel"}.get(
+        path, "norm_fwd_wide_kernel"
+    )
+    dtype = DTYPES[dname]
+    for n, stride, align in [(1000, 1000, 8), (1004, 1012, 4), (1002, 1010, 2), (1024, 1032, 8)]:
+        a = make_inputs(op, (5, n), dtype, device)
+        a["x"] = _strided_rows(a["x"], stride)
+        r_stride = a["residual"].stride(0) if "residual" in a else stride
+        plan = norm_launch._forward_plan(5, n, stride, r_stride, FLAGS[op], dtype.itemsize)
+        assert plan.kernel.__name__ == kernel
+        assert plan.meta["ALIGN"] == align
+        check(op, a, SLACK[dtype])

@@ -17,6 +17,12 @@ widths):
     reducing once per walk and reading the row again from L1/L2 for the next walk, so it holds
     no row in registers and several rows share a multiprocessor.
 Row offsets are int64 so tensors past 2**31 elements index correctly.
+
+ALIGN (each kernel; launch.align_of): a power of two that divides N and the row strides, which
+the host passes divided by it; the kernel multiplies them back, so that Triton knows they are
+multiples of it. Triton marks an integer argument divisible only by 16: a row of 65,528 bf16
+elements (16-byte aligned, but N % 16 == 8) was loaded an element at a time, at a third of the
+copy ceiling where torch made 55%. 1: the arguments as they are.
 """
 
 import triton
@@ -51,6 +57,14 @@ def _store(ptrs, value, mask, EVEN: tl.constexpr, STREAM: tl.constexpr = False):
         tl.store(ptrs, value)
     else:
         tl.store(ptrs, value, mask=mask)
+
+
+@triton.jit
+def _times(value, ALIGN: tl.constexpr):
+    """value * ALIGN, known to Triton as a multiple of ALIGN (ALIGN: a constexpr power of two)."""
+    if ALIGN > 1:
+        value = value * ALIGN
+    return value
 
 
 @triton.jit
@@ -103,9 +117,11 @@ def norm_fwd_block_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     EVEN: tl.constexpr = False,
+    ALIGN: tl.constexpr = 1,
 ):
     """Reads x [M, N] (and residual) once, writes y (and h) once, plus rstd (and mean) per row.
     EVEN: N == BLOCK_N and BLOCK_M divides M, so no load or store needs a mask."""
+    N, stride_x, stride_r = _times(N, ALIGN), _times(stride_x, ALIGN), _times(stride_r, ALIGN)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     row_ok = rows < M
@@ -150,10 +166,12 @@ def norm_fwd_wide_kernel(
     HAS_RES: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CACHE: tl.constexpr = 0,
+    ALIGN: tl.constexpr = 1,
 ):
     """One program per row of any width: chunked single-pass statistics, then a reverse pass.
     CACHE (launch.FWD_CACHE): 1 stores y streaming (_store's STREAM), 2 also
     loads the first walk evict-last and the second evict-first."""
+    N, stride_x, stride_r = _times(N, ALIGN), _times(stride_x, ALIGN), _times(stride_r, ALIGN)
     first: tl.constexpr = "evict_last" if CACHE >= 2 else None
     second: tl.constexpr = "evict_first" if CACHE >= 2 else None
     row = tl.program_id(0)
@@ -248,6 +266,7 @@ def norm_fwd_walk_kernel(
     WELFORD: tl.constexpr = False,
     STREAM: tl.constexpr = False,
     HOLD: tl.constexpr = 0,
+    ALIGN: tl.constexpr = 1,
 ):
     """One program per row, walking it in CHUNKS chunks: the sum (LayerNorm) or the sum of
     squares (RMSNorm) into an elementwise accumulator reduced once, LayerNorm's centred sum of
@@ -261,6 +280,7 @@ def norm_fwd_walk_kernel(
     the rows in flight take less of L2 (a row of 65,536 fp32 is 256 KB: 132 of them fill most of
     an H100's L2, and the later walks then miss)."""
     tl.static_assert(HOLD == 0 or not WELFORD, "a held part and the welford walk do not combine")
+    N, stride_x, stride_r = _times(N, ALIGN), _times(stride_x, ALIGN), _times(stride_r, ALIGN)
     rows = tl.full([1], 0, tl.int32) + tl.program_id(0)
     offs = HOLD + tl.arange(0, CHUNK)
     acc = tl.zeros([1, CHUNK], tl.float32)

@@ -9,6 +9,7 @@ so they run inside CUDA-graph capture.
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import NamedTuple
 
@@ -136,6 +137,16 @@ def _partials(rows: int, n: int, has_w: bool, has_b: bool, dev):
     return (buf[0] if has_w else None), (buf[-1] if has_b else None)
 
 
+def align_of(*ints: int) -> int:
+    """The forward kernels' ALIGN for a width and row strides: the largest power of two below 16
+    that divides them all, or 1 where 16 does (Triton then knows it of each: the arguments go as
+    they are, and the kernels compile as they did before ALIGN)."""
+    common = math.gcd(*ints)
+    if common == 0 or common % 16 == 0:
+        return 1
+    return common & -common
+
+
 class _FwdPlan(NamedTuple):
     """What the forward's shapes and settings decide: the kernel, its grid, the integer arguments
     before eps, and the constexprs."""
@@ -168,22 +179,25 @@ def _forward_plan(
     if len(_fwd_plans) >= _MAX_PLANS:
         _fwd_plans.clear()
     meta = dict(zip(("IS_RMS", "HAS_W", "HAS_B", "HAS_RES"), flags))
+    align = align_of(n, stride_x, stride_r)
+    meta["ALIGN"] = align
+    ints = (n // align, stride_x // align, stride_r // align)  # the kernels multiply back
     if walk is not None:
         chunk, chunks, even = walk.chunks_of(n)
         meta |= dict(CHUNK=chunk, CHUNKS=chunks, EVEN=even, num_warps=walk.warps, HOLD=walk.hold)
         meta |= dict(UNROLL=chunks if walk.unroll else 1, WELFORD=walk.welford)
         meta |= dict(STREAM=FWD_CACHE >= 1)
-        plan = _FwdPlan(K.norm_fwd_walk_kernel, (m,), (n, stride_x, stride_r), meta)
+        plan = _FwdPlan(K.norm_fwd_walk_kernel, (m,), ints, meta)
     elif use_wide_path(n):
         meta |= dict(BLOCK_N=WIDE_CHUNK_FWD, num_warps=WIDE_WARPS, CACHE=FWD_CACHE)
-        plan = _FwdPlan(K.norm_fwd_wide_kernel, (m,), (n, stride_x, stride_r), meta)
+        plan = _FwdPlan(K.norm_fwd_wide_kernel, (m,), ints, meta)
     else:
         block_m, block_n, num_warps = block_config(n)
         even = unmasked and n == block_n and m % block_m == 0
         plan = _FwdPlan(
             K.norm_fwd_block_kernel,
             (cdiv(m, block_m),),
-            (m, n, stride_x, stride_r),
+            (m, *ints),
             dict(BLOCK_M=block_m, BLOCK_N=block_n, EVEN=even, num_warps=num_warps, **meta),
         )
     _fwd_plans[key] = plan
