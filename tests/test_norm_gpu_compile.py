@@ -17,6 +17,7 @@ import re
 import triton
 from triton.backends.compiler import GPUTarget
 from fusewise.ops.norms import kernels as K
+from fusewise.ops.norms import kernels_bwd as KB
 from fusewise.ops.norms import kernels_bwd_sliced as KBS
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -93,9 +94,31 @@ for dtype, (is_rms, has_res) in itertools.product(
     bwd |= dict(stride_dh="i32", groups="i32", rows_per_program="i32")
     flags = dict(IS_RMS=is_rms, HAS_W=True, HAS_B=not is_rms, HAS_DH=has_res)
     for unroll in (False, True):
-        meta = dict(flags, SLICES=3, BLOCK_S=512, CHUNK=256, UNROLL=unroll)
+        meta = dict(flags, SLICES=3, BLOCK_S=512, CHUNK=256, UNROLL=unroll, ALIGN=1)
         ptx = compile_for_gpu(KBS.norm_bwd_sliced_kernel, bwd, meta, 4)
         assert "st.global.cs" in ptx and "evict_first" in ptx
+    # the backward kernels with ALIGN = 8, unaligned: dx stored 16 bytes at a time
+    fused = {k: v for k, v in bwd.items() if k not in ("groups", "rows_per_program")}
+    fused |= dict(n_programs="i32", tiles_per_program="i32")
+    sums = dict(X=t, W=t, DY=t, Mean="*fp32", Rstd="*fp32", Sums="*fp32", M="i32", N="i32")
+    sums |= dict(stride_x="i32", stride_dy="i32")
+    tiles = {k: v for k, v in fused.items() if k not in ("n_programs", "tiles_per_program")}
+    tiles = dict(list(tiles.items())[:7] + [("Sums", "*fp32")] + list(tiles.items())[7:])
+    tiles |= dict(rows_per_group="i32")
+    for fn, args, meta, stores in [
+        (KB.norm_bwd_block_kernel, fused, dict(flags, BLOCK_M=2, BLOCK_N=1024, PREFETCH=False,
+                                               LEAN=False, RELOAD=False), True),
+        (KBS.norm_bwd_sliced_kernel, bwd, dict(flags, SLICES=2, BLOCK_S=2048, CHUNK=2048,
+                                               UNROLL=False), True),
+        (KB.norm_bwd_row_sums_kernel, sums, dict(IS_RMS=is_rms, HAS_W=True, BLOCK_M=1,
+                                                 BLOCK_N=2048, UNROLL=2), False),
+        (KB.norm_bwd_tiles_kernel, tiles, dict(flags, BLOCK_M=1, BLOCK_N=2048), True),
+    ]:
+        ptx = compile_for_gpu(fn, args, dict(meta, ALIGN=8), 4, aligned=set())
+        assert re.search(r"ld\.global[.\w:]*\.v4\.b32", ptx), fn.__name__
+        assert not stores or re.search(r"st\.global[.\w:]*\.v4\.b32", ptx), fn.__name__
+        ptx = compile_for_gpu(fn, args, dict(meta, ALIGN=1), 4, aligned=set())
+        assert not re.search(r"ld\.global[.\w:]*\.v4\.b32", ptx), fn.__name__
 print("compiled", compiled)
 """
 
@@ -107,6 +130,6 @@ def test_kernels_compile_for_the_gpu():
     )
     assert done.returncode == 0, done.stderr[-4000:]
     # 2 dtypes x (3 ops x (2 block + 2 streaming walks + 2 holding walks + 3 wide: FWD_CACHE
-    # 0-2 + 2 sliced backwards + 3 kernels with ALIGN = 8 and 1, unaligned) + walks: 8 LayerNorm,
-    # 4 for each RMS op)
-    assert done.stdout.split() == ["compiled", "134"]
+    # 0-2 + 2 sliced backwards + 3 forward and 4 backward kernels with ALIGN = 8 and 1,
+    # unaligned) + walks: 8 LayerNorm, 4 for each RMS op)
+    assert done.stdout.split() == ["compiled", "182"]

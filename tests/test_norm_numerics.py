@@ -514,28 +514,51 @@ def _strided_rows(x: torch.Tensor, stride: int) -> torch.Tensor:
     return wide[:, : x.shape[1]].requires_grad_()
 
 
-@pytest.mark.parametrize("path", ["block", "walk", "wide"])
+# the kernels each path launches, forward then backward
+PATH_KERNELS = {
+    "block": ("norm_fwd_block_kernel", "norm_bwd_block_kernel"),
+    "walk": ("norm_fwd_walk_kernel", "norm_bwd_block_kernel"),
+    "wide": ("norm_fwd_wide_kernel", "norm_bwd_row_sums_kernel", "norm_bwd_tiles_kernel"),
+    "sliced": ("norm_fwd_block_kernel", "norm_bwd_sliced_kernel"),
+}
+
+
+@pytest.mark.parametrize("path", list(PATH_KERNELS))
 @pytest.mark.parametrize("dname", ["fp32", "bf16"])
 @pytest.mark.parametrize("op", OPS)
 def test_widths_and_strides_divisible_by_2_4_8(op, dname, path, device, monkeypatch):
-    """Each forward kernel at widths and row strides that 16 does not divide: the launcher passes
-    them divided by ALIGN and the kernel multiplies them back (a division forgotten on either
-    side reads the wrong rows or columns). x's rows strided apart from the residual's."""
+    """Each kernel, forward and backward, at widths and row strides that 16 does not divide: the
+    launcher passes them divided by ALIGN and the kernel multiplies them back (a division
+    forgotten on either side reads the wrong rows or columns). x's rows strided apart from the
+    residual's and the gradients'."""
     if path == "walk":
         walk = (norm_launch.Walk(1, 1 << 40, 128, 4),)
         monkeypatch.setattr(norm_launch, "FWD_WALK", {(o, s): walk for o in OPS for s in (2, 4)})
-    if path == "wide":
-        monkeypatch.setattr(norm_launch, "MAX_BLOCK_N_FWD", 256)
-        monkeypatch.setattr(norm_launch, "WIDE_CHUNK_FWD", 128)
-    kernel = {"block": "norm_fwd_block_kernel", "walk": "norm_fwd_walk_kernel"}.get(
-        path, "norm_fwd_wide_kernel"
-    )
+    if path == "wide":  # the forward's chunks and the split backward
+        for name, value in [("MAX_BLOCK_N_FWD", 256), ("WIDE_CHUNK_FWD", 128)]:
+            monkeypatch.setattr(norm_launch, name, value)
+        for name, value in [("MAX_BLOCK_N", 256), ("SUMS_CHUNK", 128)]:
+            monkeypatch.setattr(norm_launch, name, value)
+    if path == "sliced":
+        sliced = (norm_launch.Bwd(1 << 20, 128, 4, 2, slice=256),)
+        monkeypatch.setattr(
+            norm_launch, "BWD_CONFIGS", dict.fromkeys(norm_launch.BWD_CONFIGS, sliced)
+        )
+    launched, real = [], norm_launch.launch
+
+    def recording(kernel, grid, *args, **meta):
+        launched.append((kernel.fn.__name__, meta.get("ALIGN")))
+        return real(kernel, grid, *args, **meta)
+
+    monkeypatch.setattr(norm_launch, "launch", recording)
     dtype = DTYPES[dname]
     for n, stride, align in [(1000, 1000, 8), (1004, 1012, 4), (1002, 1010, 2), (1024, 1032, 8)]:
         a = make_inputs(op, (5, n), dtype, device)
         a["x"] = _strided_rows(a["x"], stride)
-        r_stride = a["residual"].stride(0) if "residual" in a else stride
-        plan = norm_launch._forward_plan(5, n, stride, r_stride, FLAGS[op], dtype.itemsize)
-        assert plan.kernel.__name__ == kernel
-        assert plan.meta["ALIGN"] == align
+        launched.clear()
         check(op, a, SLACK[dtype])
+        # add+RMSNorm's backward reads h, which the forward wrote contiguous
+        bwd_align = norm_launch.align_of(n) if op == "add_rms_norm" else align
+        fwd, *bwd = PATH_KERNELS[path]
+        want = {fwd: align, **dict.fromkeys(bwd, bwd_align)}
+        assert {k: v for k, v in launched if k in want} == want, (n, launched)

@@ -12,13 +12,15 @@ Two shapes of work:
     kernel reads x and dy for the two row sums; the second walks [rows, column block] tiles,
     writing dx and accumulating the weight gradients of its columns. x and dy are read twice
     from memory.
-Row offsets are int64 so tensors past 2**31 elements index correctly.
+Row offsets are int64 so tensors past 2**31 elements index correctly. ALIGN: as the forward's
+(kernels.py): N and the row strides arrive divided by it.
 """
 
 import triton
 import triton.language as tl
 
 from .._launch import round_to as _round
+from .kernels import _times
 
 
 @triton.jit
@@ -167,6 +169,7 @@ def norm_bwd_block_kernel(
     PREFETCH: tl.constexpr,
     LEAN: tl.constexpr,
     RELOAD: tl.constexpr,
+    ALIGN: tl.constexpr = 1,
 ):
     """Persistent: program p takes row tiles p, p+P, ...; writes dx, and its fp32 partial sums
     of dy·x̂ and dy into row p of DW_part / DB_part (summed afterwards: deterministic, no atomics).
@@ -177,6 +180,8 @@ def norm_bwd_block_kernel(
     across the row sums (each faster at some widths and slower at others: settings.BWD_CONFIGS).
     RELOAD: the weight-gradient sums first too, and x and dy read again for dx after the row
     sums instead of held across them (_dx_reloaded)."""
+    N, stride_x = _times(N, ALIGN), _times(stride_x, ALIGN)
+    stride_dy, stride_dh = _times(stride_dy, ALIGN), _times(stride_dh, ALIGN)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -249,10 +254,12 @@ def norm_bwd_row_sums_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UNROLL: tl.constexpr,
+    ALIGN: tl.constexpr = 1,
 ):
     """Split backward, first kernel: the row sums dx needs, Σx̂·w·dy / N into Sums[0, row] and
     (LayerNorm) Σw·dy / N into Sums[1, row], for BLOCK_M rows of any width. The row is walked
     in steps of UNROLL chunks of BLOCK_N, unrolled so a step's loads are in flight together."""
+    N, stride_x, stride_dy = _times(N, ALIGN), _times(stride_x, ALIGN), _times(stride_dy, ALIGN)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     rows64 = rows.to(tl.int64)[:, None]
@@ -306,10 +313,13 @@ def norm_bwd_tiles_kernel(
     HAS_DH: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    ALIGN: tl.constexpr = 1,
 ):
     """Split backward, second kernel. Grid (column blocks, row groups): dx for the program's
     columns of every row in its group, and the fp32 partial sums of dy·x̂ and dy over the group
     into row `group` of DW_part / DB_part."""
+    N, stride_x = _times(N, ALIGN), _times(stride_x, ALIGN)
+    stride_dy, stride_dh = _times(stride_dy, ALIGN), _times(stride_dh, ALIGN)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     group = tl.program_id(1)
     col_ok = cols < N

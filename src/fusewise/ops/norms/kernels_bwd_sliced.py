@@ -17,6 +17,7 @@ read of x and dy and one write of dx; the L2 traffic grows with the slices.
 import triton
 import triton.language as tl
 
+from .kernels import _times
 from .kernels_bwd import _accumulate, _store_dx, _store_partials, _xhat
 
 
@@ -66,13 +67,17 @@ def norm_bwd_sliced_kernel(
     BLOCK_S: tl.constexpr,
     CHUNK: tl.constexpr,
     UNROLL: tl.constexpr,
+    ALIGN: tl.constexpr = 1,
 ):
     """Program p is slice p % SLICES of row group p // SLICES: rows group, group + groups, ...;
     columns [slice·BLOCK_S, (slice + 1)·BLOCK_S). It writes dx there, and its fp32 partial sums
     of dy·x̂ and dy over its rows into row `group` of DW_part / DB_part, those columns (summed
     afterwards, in a fixed order). The row sums walk the row in CHUNK-element chunks, starting
     after the own slice so that it is read last; UNROLL: the walk unrolled whole (its loads in
-    flight together: more registers, fewer programs a multiprocessor), else a loop."""
+    flight together: more registers, fewer programs a multiprocessor), else a loop. ALIGN: as
+    the forward's (kernels.py)."""
+    N, stride_x = _times(N, ALIGN), _times(stride_x, ALIGN)
+    stride_dy, stride_dh = _times(stride_dy, ALIGN), _times(stride_dh, ALIGN)
     pid = tl.program_id(0)
     group = pid // SLICES
     part = pid % SLICES

@@ -138,9 +138,9 @@ def _partials(rows: int, n: int, has_w: bool, has_b: bool, dev):
 
 
 def align_of(*ints: int) -> int:
-    """The forward kernels' ALIGN for a width and row strides: the largest power of two below 16
-    that divides them all, or 1 where 16 does (Triton then knows it of each: the arguments go as
-    they are, and the kernels compile as they did before ALIGN)."""
+    """The kernels' ALIGN (kernels.py) for a width and row strides: the largest power of two
+    below 16 that divides them all, or 1 where 16 does (Triton then knows it of each: the
+    arguments go as they are, and the kernels compile as they did before ALIGN)."""
     common = math.gcd(*ints)
     if common == 0 or common % 16 == 0:
         return 1
@@ -299,10 +299,12 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     else:
         dw_part, db_part = _partials(plan.groups, n, has_w, has_b, dev)
     setting = plan.setting
-    args = (x, weight, dy, dh_arg, dx, mean, rstd, dw_part, db_part, m, n, x.stride(0))
-    args += (dy.stride(0), dh_arg.stride(0), plan.groups, plan.tiles_per_program)
+    align = align_of(n, x.stride(0), dy.stride(0), dh_arg.stride(0))
+    ints = (n // align, x.stride(0) // align, dy.stride(0) // align, dh_arg.stride(0) // align)
+    args = (x, weight, dy, dh_arg, dx, mean, rstd, dw_part, db_part, m, *ints)
+    args += (plan.groups, plan.tiles_per_program)
     flags = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, HAS_DH=dh is not None)
-    flags |= dict(num_warps=setting.warps)
+    flags |= dict(num_warps=setting.warps, ALIGN=align)
     if setting.slice:
         meta = dict(SLICES=plan.slices, BLOCK_S=plan.block_n, CHUNK=min(setting.tile, plan.block_n))
         meta |= dict(UNROLL=setting.unroll)
@@ -324,7 +326,12 @@ def _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms: bool, dx):
     chunk = min(next_power_of_2(n), SUMS_CHUNK)
     rows = max(1, SUMS_TILE // chunk)
     sums = alloc((1 if is_rms else 2, m), torch.float32, dev)
-    flags = dict(IS_RMS=is_rms, HAS_W=has_w)
+    dh_arg = dh if dh is not None else dy
+    align = align_of(n, x.stride(0), dy.stride(0), dh_arg.stride(0))
+    n_, stride_x, stride_dy, stride_dh = (
+        v // align for v in (n, x.stride(0), dy.stride(0), dh_arg.stride(0))
+    )  # the kernels multiply back (ALIGN)
+    flags = dict(IS_RMS=is_rms, HAS_W=has_w, ALIGN=align)
     launch(
         KB.norm_bwd_row_sums_kernel,
         (cdiv(m, rows),),
@@ -335,9 +342,9 @@ def _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms: bool, dx):
         rstd,
         sums,
         m,
-        n,
-        x.stride(0),
-        dy.stride(0),
+        n_,
+        stride_x,
+        stride_dy,
         BLOCK_M=rows,
         BLOCK_N=chunk,
         UNROLL=SUMS_UNROLL,
@@ -350,7 +357,6 @@ def _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms: bool, dx):
     rows_per_group = cdiv(cdiv(m, groups), TILES_M) * TILES_M  # whole tiles per group
     groups = cdiv(m, rows_per_group)
     dw_part, db_part = _partials(groups, n, has_w, has_b, dev)
-    dh_arg = dh if dh is not None else dy
     launch(
         KB.norm_bwd_tiles_kernel,
         (column_blocks, groups),
@@ -365,10 +371,10 @@ def _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms: bool, dx):
         dw_part,
         db_part,
         m,
-        n,
-        x.stride(0),
-        dy.stride(0),
-        dh_arg.stride(0),
+        n_,
+        stride_x,
+        stride_dy,
+        stride_dh,
         rows_per_group,
         HAS_B=has_b,
         HAS_DH=dh is not None,
