@@ -4,7 +4,7 @@
 # Usage (in the device command): FUSEWISE_COMMIT=<sha> TESTS="tests/a.py ..." \
 #   bash benchmarks/gpu_session.sh [serial] [tests] [replay] [capture] [demo] [host] [pairs]
 #   [norms] [sweep] [ab] [rotary_sweep] [rotary] [gated] [ab_src] [e2e] [order] [iso] [host_ab]
-#   [ab_fwd] [inductor] [peers_wide] [peers_walk] [issue14]
+#   [ab_fwd] [ab_align] [peers_align] [inductor] [peers_wide] [peers_walk] [issue14]
 #   (.whl carried: Liger and CCE for tests; serial: SERIAL_TESTS without xdist, for tests that
 #   time a launch-bound step and fail when other processes share the GPU, and BIG_TESTS;
 #   norms: bench_norms against torch and Liger, kernels only, one process per op so a timeout loses one op, then the
@@ -165,6 +165,30 @@ for what in "$@"; do
           --modes fwd@graph,fwd_bwd@graph --csv $C > "/tmp/ab_rotary_${v}_$r.txt" 2>&1
       done; done
       python benchmarks/ab_summary.py $C --a old --b new | tee "$OUT/ab_fwd_summary.txt" ;;
+    ab_align)
+      # the src tree in $AB_OLD against src on the norms at widths 16 does not divide (4,104 and
+      # 65,528: the block and walked forwards, the fused and split backwards; every op, forward
+      # and forward+backward) and LayerNorm's forward at 8,192-65,536 (the walks' shift), kernels
+      # only, one process per variant, alternated (peers_align: torch and Liger at the ragged
+      # widths, one process per provider)
+      C="$OUT/ab_align.csv"
+      for r in $(seq ${AB_ROUNDS:-2}); do for v in old new; do
+        P=$PWD/src; [ $v = old ] && P=$PWD/$AB_OLD
+        PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout 100 python benchmarks/with_tag.py $v \
+          benchmarks/bench_norms.py --modes fwd --timings graph --dtypes bf16,fp32 \
+          --ops layer_norm --widths 8192,12288,32768,65536 --providers fusewise --csv $C \
+          > "/tmp/ab_shift_${v}_$r.txt" 2>&1
+        PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout 120 python benchmarks/with_tag.py $v \
+          benchmarks/bench_norms.py --modes fwd,fwd_bwd --timings graph --dtypes bf16,fp32 \
+          --widths ${ALIGN_WIDTHS:-4104,65528} --providers fusewise --csv $C \
+          > "/tmp/ab_align_${v}_$r.txt" 2>&1
+      done; done
+      python benchmarks/ab_summary.py $C --a old --b new | tee "$OUT/ab_align_summary.txt" ;;
+    peers_align)
+      timeout ${PEERS_S:-150} python benchmarks/bench_norms.py --isolate --modes fwd,fwd_bwd \
+        --dtypes bf16,fp32 --widths ${ALIGN_WIDTHS:-4104,65528} --providers torch,liger \
+        --timings graph --csv "$OUT/peers_align.csv" > "$OUT/peers_align.txt" 2>&1
+      grep -E "torch|liger" "$OUT/peers_align.txt" | grep -v "^#" | sort -u | tail -48 ;;
     peers_wide)
       # the forward's unmasked cells (LayerNorm and add+RMSNorm fp32 at 16,384-32,768) and the
       # widest rows against torch.compile, one process per provider, kernels only; the host cost
