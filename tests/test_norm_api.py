@@ -394,6 +394,32 @@ def test_cuda_graph_capture_replays_forward_and_backward(op, shape):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_rows_2_31_elements_apart(op):
+    """Two rows 2**31 + 8 elements apart (a stride past int32 that 8 divides, 16 does not: one
+    the kernels must not take divided by ALIGN, whose product would overflow int32), forward
+    and backward against float64; the width 8 divides too."""
+    n, stride = 1000, 2**31 + 8
+    storage = torch.empty(stride + n, device="cuda", dtype=torch.bfloat16)
+    x = storage.as_strided((2, n), (stride, 1))
+    x.copy_(torch.randn(2, n, device="cuda") * 2 + 0.5)
+    w = (1 + 0.3 * torch.randn(n, device="cuda")).to(torch.bfloat16)
+    dy = torch.randn(2, n, device="cuda", dtype=torch.bfloat16)
+    x64 = x.detach().double().requires_grad_()
+    if op == "layer_norm":
+        y = fusewise.ops.layer_norm(x.requires_grad_(), w)
+        ref = F.layer_norm(x64, (n,), w.double())
+    else:
+        y = fusewise.ops.rms_norm(x.requires_grad_(), w)
+        ref = F.rms_norm(x64, (n,), w.double(), 1e-6)
+    assert rel_err(y, ref) < 5e-3
+    (dx,) = torch.autograd.grad(y, [x], dy)
+    (dx_ref,) = torch.autograd.grad(ref, [x64], dy.double())
+    assert rel_err(dx, dx_ref) < 5e-3
+    del storage
+
+
+@pytest.mark.gpu
 def test_past_2_31_elements_uses_64_bit_offsets():
     n = 8192
     m = (1 << 31) // n + 3  # the last rows start past element 2**31

@@ -505,6 +505,10 @@ def test_align_of():
     assert norm_launch.align_of(65536, 65536, 65536) == 1
     assert norm_launch.align_of(32769, 32769, 32769) == 1
     assert norm_launch.align_of(0, 0, 0) == 1
+    # past int32 Triton passes a stride as int64; divided it would fit int32 and the kernel's
+    # product overflow (tests/test_norm_api.py runs such rows on the GPU)
+    assert norm_launch.align_of(1000, 2**31 + 8, 1000) == 1
+    assert norm_launch.align_of(1000, 2**31 - 8, 1000) == 8
 
 
 def _strided_rows(x: torch.Tensor, stride: int) -> torch.Tensor:

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from .._launch import cdiv, launch, next_power_of_2, sm_count
+from .._launch import _I32_MAX, cdiv, launch, next_power_of_2, sm_count
 from . import kernels as K
 from . import kernels_bwd as KB
 from . import kernels_bwd_sliced as KBS
@@ -140,9 +140,12 @@ def _partials(rows: int, n: int, has_w: bool, has_b: bool, dev):
 def align_of(*ints: int) -> int:
     """The kernels' ALIGN (kernels.py) for a width and row strides: the largest power of two
     below 16 that divides them all, or 1 where 16 does (Triton then knows it of each: the
-    arguments go as they are, and the kernels compile as they did before ALIGN)."""
+    arguments go as they are, and the kernels compile as they did before ALIGN). 1 also where
+    one is past int32: Triton passes it as int64, but divided it could fit int32, and the
+    kernel's product would then overflow int32 (rows 2**31 + 8 elements apart read the wrong
+    row)."""
     common = math.gcd(*ints)
-    if common == 0 or common % 16 == 0:
+    if common == 0 or common % 16 == 0 or max(ints) > _I32_MAX:
         return 1
     return common & -common
 
