@@ -301,8 +301,14 @@ def norm_fwd_walk_kernel(
         # of five elements spread over the row, not x[0]: an outlier x[0] (an outlier channel)
         # made every shifted element large, and y 40x less accurate than eager in fp32. Not the
         # first chunk's mean either (7dec0df): its reduction before the walk cost 15% at 65,536
-        # bf16 on the H100. Five scalar loads, no reduction.
-        shift = _median5(X + rows.to(tl.int64) * stride_x, N)[:, None]
+        # bf16 on the H100. Five scalar loads, no reduction: but they too cost 14% there (the
+        # A/B at 5c7ec22; 0-2% elsewhere), and a bf16 or fp16 y rounds the difference away, so
+        # those take x[0] and fp32 alone the median.
+        row_start = X + rows.to(tl.int64) * stride_x
+        if X.dtype.element_ty == tl.float32:
+            shift = _median5(row_start, N)[:, None]
+        else:
+            shift = tl.load(row_start).to(tl.float32)[:, None]
     for c in tl.range(0, CHUNKS, loop_unroll_factor=UNROLL):
         cols = c * CHUNK + offs
         mask = (cols < N)[None, :]
