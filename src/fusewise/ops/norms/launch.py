@@ -150,6 +150,12 @@ def align_of(*ints: int) -> int:
     return common & -common
 
 
+def _aligned(*ints: int) -> tuple[int, tuple[int, ...]]:
+    """(ALIGN, the ints divided by it): what the kernels take, to multiply back."""
+    align = align_of(*ints)
+    return align, tuple(v // align for v in ints)
+
+
 class _FwdPlan(NamedTuple):
     """What the forward's shapes and settings decide: the kernel, its grid, the integer arguments
     before eps, and the constexprs."""
@@ -182,9 +188,7 @@ def _forward_plan(
     if len(_fwd_plans) >= _MAX_PLANS:
         _fwd_plans.clear()
     meta = dict(zip(("IS_RMS", "HAS_W", "HAS_B", "HAS_RES"), flags))
-    align = align_of(n, stride_x, stride_r)
-    meta["ALIGN"] = align
-    ints = (n // align, stride_x // align, stride_r // align)  # the kernels multiply back
+    meta["ALIGN"], ints = _aligned(n, stride_x, stride_r)
     if walk is not None:
         chunk, chunks, even = walk.chunks_of(n)
         meta |= dict(CHUNK=chunk, CHUNKS=chunks, EVEN=even, num_warps=walk.warps, HOLD=walk.hold)
@@ -302,8 +306,7 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     else:
         dw_part, db_part = _partials(plan.groups, n, has_w, has_b, dev)
     setting = plan.setting
-    align = align_of(n, x.stride(0), dy.stride(0), dh_arg.stride(0))
-    ints = (n // align, x.stride(0) // align, dy.stride(0) // align, dh_arg.stride(0) // align)
+    align, ints = _aligned(n, x.stride(0), dy.stride(0), dh_arg.stride(0))
     args = (x, weight, dy, dh_arg, dx, mean, rstd, dw_part, db_part, m, *ints)
     args += (plan.groups, plan.tiles_per_program)
     flags = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, HAS_DH=dh is not None)
@@ -330,62 +333,23 @@ def _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms: bool, dx):
     rows = max(1, SUMS_TILE // chunk)
     sums = alloc((1 if is_rms else 2, m), torch.float32, dev)
     dh_arg = dh if dh is not None else dy
-    align = align_of(n, x.stride(0), dy.stride(0), dh_arg.stride(0))
-    n_, stride_x, stride_dy, stride_dh = (
-        v // align for v in (n, x.stride(0), dy.stride(0), dh_arg.stride(0))
-    )  # the kernels multiply back (ALIGN)
+    align, ints = _aligned(n, x.stride(0), dy.stride(0), dh_arg.stride(0))
+    n_, stride_x, stride_dy, _ = ints
     flags = dict(IS_RMS=is_rms, HAS_W=has_w, ALIGN=align)
-    launch(
-        KB.norm_bwd_row_sums_kernel,
-        (cdiv(m, rows),),
-        x,
-        weight,
-        dy,
-        mean,
-        rstd,
-        sums,
-        m,
-        n_,
-        stride_x,
-        stride_dy,
-        BLOCK_M=rows,
-        BLOCK_N=chunk,
-        UNROLL=SUMS_UNROLL,
-        num_warps=SUMS_WARPS,
-        **flags,
-    )
+    sums_args = (x, weight, dy, mean, rstd, sums, m, n_, stride_x, stride_dy)
+    meta = dict(BLOCK_M=rows, BLOCK_N=chunk, UNROLL=SUMS_UNROLL, num_warps=SUMS_WARPS)
+    launch(KB.norm_bwd_row_sums_kernel, (cdiv(m, rows),), *sums_args, **meta, **flags)
     block_n = min(next_power_of_2(n), TILES_N)
     column_blocks = cdiv(n, block_n)
     groups = max(1, min(cdiv(m, TILES_M), TILES_WAVES * _programs_per_wave(dev) // column_blocks))
     rows_per_group = cdiv(cdiv(m, groups), TILES_M) * TILES_M  # whole tiles per group
     groups = cdiv(m, rows_per_group)
     dw_part, db_part = _partials(groups, n, has_w, has_b, dev)
-    launch(
-        KB.norm_bwd_tiles_kernel,
-        (column_blocks, groups),
-        x,
-        weight,
-        dy,
-        dh_arg,
-        dx,
-        mean,
-        rstd,
-        sums,
-        dw_part,
-        db_part,
-        m,
-        n_,
-        stride_x,
-        stride_dy,
-        stride_dh,
-        rows_per_group,
-        HAS_B=has_b,
-        HAS_DH=dh is not None,
-        BLOCK_M=TILES_M,
-        BLOCK_N=block_n,
-        num_warps=TILES_WARPS,
-        **flags,
-    )
+    tiles_args = (x, weight, dy, dh_arg, dx, mean, rstd, sums, dw_part, db_part, m, *ints)
+    meta = dict(HAS_B=has_b, HAS_DH=dh is not None, BLOCK_M=TILES_M, BLOCK_N=block_n)
+    meta |= dict(num_warps=TILES_WARPS)
+    grid = (column_blocks, groups)
+    launch(KB.norm_bwd_tiles_kernel, grid, *tiles_args, rows_per_group, **meta, **flags)
     return dw_part, db_part
 
 
