@@ -454,7 +454,8 @@ def test_walk_path_layer_norm_in_two_walks(dname, unroll, device, monkeypatch):
         )
 
 
-@pytest.mark.parametrize(
+# LayerNorm's three walks: the mean and variance in one walk, a held part, three plain walks
+each_layer_norm_walk = pytest.mark.parametrize(
     "walk",
     [
         norm_launch.Walk(1, 1 << 40, 128, 4, welford=True),
@@ -463,6 +464,9 @@ def test_walk_path_layer_norm_in_two_walks(dname, unroll, device, monkeypatch):
     ],
     ids=["welford", "held", "plain"],
 )
+
+
+@each_layer_norm_walk
 @pytest.mark.parametrize("rows", ["0", "1e3", "1e4", "-3e4", "outlier 1e4", "outlier -3e4"])
 def test_walked_layer_norm_stats_far_from_zero(rows, walk, device, monkeypatch):
     """Rows whose mean is far from 0 next to their spread (offset), or with one element far from
@@ -497,15 +501,7 @@ def test_walked_layer_norm_stats_far_from_zero(rows, walk, device, monkeypatch):
 
 
 @pytest.mark.parametrize("dname", ["bf16", "fp16"])
-@pytest.mark.parametrize(
-    "walk",
-    [
-        norm_launch.Walk(1, 1 << 40, 128, 4, welford=True),
-        norm_launch.Walk(1, 1 << 40, 128, 4, hold=256),
-        norm_launch.Walk(1, 1 << 40, 128, 4),
-    ],
-    ids=["welford", "held", "plain"],
-)
+@each_layer_norm_walk
 def test_walked_layer_norm_16_bit_with_an_outlier_first_element(dname, walk, device, monkeypatch):
     """bf16 and fp16 walks shift by x[0] (the median's five loads cost 14% at 65,536 bf16 on the
     H100): with x[0] an outlier their y, gradients too, stays within eager's error in the same
