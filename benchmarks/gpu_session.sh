@@ -150,8 +150,9 @@ for what in "$@"; do
       python benchmarks/ab_summary.py $C --a old --b new | tee "$OUT/host_ab_summary.txt" ;;
     ab_fwd)
       # the src tree in $AB_OLD against src on the norms' forward (bench_norms, kernels only;
-      # AB_OPS, AB_DTYPES and AB_WIDTHS, by default every op, bf16, 256-32,768) and the rotary
-      # embedding (with Liger as the control), one process per variant, alternated
+      # AB_OPS, AB_DTYPES and AB_WIDTHS, by default every op, bf16, 256-32,768) and, unless
+      # AB_ROTARY=0, the rotary embedding (with Liger as the control), one process per variant,
+      # alternated
       C="$OUT/ab_fwd.csv"
       for r in $(seq ${AB_ROUNDS:-2}); do for v in old new; do
         P=$PWD/src; [ $v = old ] && P=$PWD/$AB_OLD
@@ -160,9 +161,10 @@ for what in "$@"; do
           --ops ${AB_OPS:-layer_norm,rms_norm,add_rms_norm} \
           --widths ${AB_WIDTHS:-256,1024,4096,8192,16384,32768} --providers fusewise --csv $C \
           > "/tmp/ab_norms_${v}_$r.txt" 2>&1
-        PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout 90 python benchmarks/with_tag.py $v \
-          benchmarks/bench_rotary.py --dtypes bf16 --providers fusewise,liger \
-          --modes fwd@graph,fwd_bwd@graph --csv $C > "/tmp/ab_rotary_${v}_$r.txt" 2>&1
+        [ "${AB_ROTARY:-1}" = 0 ] || PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout 90 python \
+          benchmarks/with_tag.py $v benchmarks/bench_rotary.py --dtypes bf16 \
+          --providers fusewise,liger --modes fwd@graph,fwd_bwd@graph --csv $C \
+          > "/tmp/ab_rotary_${v}_$r.txt" 2>&1
       done; done
       python benchmarks/ab_summary.py $C --a old --b new | tee "$OUT/ab_fwd_summary.txt" ;;
     ab_align)
@@ -185,10 +187,15 @@ for what in "$@"; do
       done; done
       python benchmarks/ab_summary.py $C --a old --b new | tee "$OUT/ab_align_summary.txt" ;;
     peers_align)
+      # PEERS_DTYPES, ALIGN_WIDTHS and PEERS_PROVIDERS (fusewise too, for a table of one run)
       timeout ${PEERS_S:-150} python benchmarks/bench_norms.py --isolate --modes fwd,fwd_bwd \
-        --dtypes bf16,fp32 --widths ${ALIGN_WIDTHS:-4104,65528} --providers torch,liger \
+        --dtypes ${PEERS_DTYPES:-bf16,fp32} --widths ${ALIGN_WIDTHS:-4104,65528} \
+        --providers ${PEERS_PROVIDERS:-torch,liger} \
         --timings graph --csv "$OUT/peers_align.csv" > "$OUT/peers_align.txt" 2>&1
-      grep -E "torch|liger" "$OUT/peers_align.txt" | grep -v "^#" | sort -u | tail -48 ;;
+      case ${PEERS_PROVIDERS:-} in
+        *fusewise*) sed -n '/# summary/,$p' "$OUT/peers_align.txt" | sort -u | tail -60 ;;
+        *) grep -E "torch|liger" "$OUT/peers_align.txt" | grep -v "^#" | sort -u | tail -48 ;;
+      esac ;;
     peers_wide)
       # the forward's unmasked cells (LayerNorm and add+RMSNorm fp32 at 16,384-32,768) and the
       # widest rows against torch.compile, one process per provider, kernels only; the host cost

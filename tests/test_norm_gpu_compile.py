@@ -19,6 +19,7 @@ from triton.backends.compiler import GPUTarget
 from fusewise.ops.norms import kernels as K
 from fusewise.ops.norms import kernels_bwd as KB
 from fusewise.ops.norms import kernels_bwd_sliced as KBS
+from fusewise.ops.norms import kernels_walk as KW
 
 TARGET = GPUTarget("cuda", 90, 32)
 ALIGNED = {"N", "stride_x", "stride_r", "stride_dy", "stride_dh"}
@@ -59,11 +60,11 @@ for dtype, (is_rms, has_res) in itertools.product(
             meta = dict(ops, CHUNK=256, CHUNKS=2, EVEN=even, UNROLL=unroll, WELFORD=welford)
             # every parameter given: Triton 3.9 compiles an omitted default as None
             meta |= dict(STREAM=False, HOLD=0)
-            ptx = compile_for_gpu(K.norm_fwd_walk_kernel, by_row, meta, 4)
+            ptx = compile_for_gpu(KW.norm_fwd_walk_kernel, by_row, meta, 4)
             assert ".cs" not in ptx
         meta = dict(ops, CHUNK=256, CHUNKS=2, EVEN=even, UNROLL=1, WELFORD=False, STREAM=True)
         for hold in (0, 512):  # a held part: loaded evict-first, its y stored streaming too
-            ptx = compile_for_gpu(K.norm_fwd_walk_kernel, by_row, meta | dict(HOLD=hold), 4)
+            ptx = compile_for_gpu(KW.norm_fwd_walk_kernel, by_row, meta | dict(HOLD=hold), 4)
             assert "st.global.cs" in ptx and "evict_first" in ptx
     for cache in (0, 1, 2):
         meta = dict(ops, BLOCK_N=256, CACHE=cache)
@@ -79,7 +80,7 @@ for dtype, (is_rms, has_res) in itertools.product(
     walk_meta |= dict(STREAM=False, HOLD=0)
     for fn, args, meta in [
         (K.norm_fwd_block_kernel, block, block_meta),
-        (K.norm_fwd_walk_kernel, by_row, walk_meta),
+        (KW.norm_fwd_walk_kernel, by_row, walk_meta),
         (K.norm_fwd_wide_kernel, by_row, dict(unaligned, BLOCK_N=2048, CACHE=0)),
     ]:
         ptx = compile_for_gpu(fn, args, meta, 4, aligned=set())

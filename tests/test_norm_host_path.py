@@ -264,13 +264,14 @@ def test_walk_plan_by_width(monkeypatch):
         300: (128, 3, False, 1, 4),
         512: (128, 4, True, 1, 4),
         1001: (1024, 1, False, 1, 8),
+        3000: (1024, 3, False, 2, 8),  # unrolled over the whole chunks; the ragged last after
         4096: (1024, 4, True, 4, 8),
     }
     for n, want in expected.items():
         p = plan(n)
-        assert p.kernel is K.norm_fwd_walk_kernel and p.grid == (6,)
-        align = p.meta["ALIGN"]  # 100 = 4 x 25, 300 = 4 x 75: passed divided by it
-        assert align == {100: 4, 300: 4}.get(n, 1) and p.ints == (n // align,) * 3
+        assert p.kernel is norm_launch.KW.norm_fwd_walk_kernel and p.grid == (6,)
+        align = p.meta["ALIGN"]  # 100 = 4 x 25, 300 = 4 x 75, 3000 = 8 x 375: passed divided
+        assert align == {100: 4, 300: 4, 3000: 8}.get(n, 1) and p.ints == (n // align,) * 3
         got = tuple(p.meta[k] for k in ("CHUNK", "CHUNKS", "EVEN", "UNROLL", "num_warps"))
         assert got == want, n
 
@@ -280,11 +281,11 @@ def test_forward_plan_sees_the_walk_table_edited_in_place(monkeypatch):
     monkeypatch.setattr(norm_launch, "FWD_WALK", table)
     flags = (True, True, False, False)  # rms_norm
     assert norm_launch._forward_plan(4, 512, 512, 512, flags, 2).kernel is not (
-        norm_launch.K.norm_fwd_walk_kernel
+        norm_launch.KW.norm_fwd_walk_kernel
     )
     table["rms_norm", 2] = (norm_launch.Walk(512, 512, 256, 4),)
     assert norm_launch._forward_plan(4, 512, 512, 512, flags, 2).kernel is (
-        norm_launch.K.norm_fwd_walk_kernel
+        norm_launch.KW.norm_fwd_walk_kernel
     )
 
 

@@ -358,14 +358,15 @@ def test_widest_rows_in_the_issue(op, device):
 @pytest.mark.parametrize("op", OPS)
 def test_walk_path(op, dname, unroll, device, monkeypatch):
     """The forward that walks each row in chunks (settings.FWD_WALK), reached at small sizes with
-    128-element chunks: a ragged last chunk (1823 = 14 chunks and 31 elements), whole chunks
-    (512), rows strided by a wider tensor; the backward as shipped."""
+    128-element chunks: a ragged last chunk (1823 = 14 whole chunks walked unmasked and one of
+    31 elements after them), whole chunks (512), rows strided by a wider tensor, a row narrower
+    than a chunk (100: no whole chunk, the masked one alone); the backward as shipped."""
     walk = (norm_launch.Walk(1, 1 << 40, 128, 4, unroll),)
     monkeypatch.setattr(norm_launch, "FWD_WALK", {(o, s): walk for o in OPS for s in (2, 4)})
     dtype = DTYPES[dname]
-    for shape, strided in [((9, 1823), False), ((5, 512), True)]:
+    for shape, strided in [((9, 1823), False), ((5, 512), True), ((4, 100), False)]:
         plan = norm_launch._forward_plan(shape[0], shape[1], shape[1], shape[1], (1, 1, 0, 0), 2)
-        assert plan.kernel is norm_launch.K.norm_fwd_walk_kernel
+        assert plan.kernel is norm_launch.KW.norm_fwd_walk_kernel
         check(op, make_inputs(op, shape, dtype, device, strided=strided), SLACK[dtype])
 
 
@@ -382,7 +383,7 @@ def test_walk_path_with_a_held_part(op, dname, unroll, device, monkeypatch):
     dtype = DTYPES[dname]
     for shape, strided in [((9, 1823), False), ((5, 512), True), ((3, 300), False)]:
         plan = norm_launch._forward_plan(shape[0], shape[1], shape[1], shape[1], (1, 1, 0, 0), 2)
-        assert plan.kernel is norm_launch.K.norm_fwd_walk_kernel and plan.meta["HOLD"] == 256
+        assert plan.kernel is norm_launch.KW.norm_fwd_walk_kernel and plan.meta["HOLD"] == 256
         rest = shape[1] - 256
         assert plan.meta["CHUNK"] * plan.meta["CHUNKS"] - rest < plan.meta["CHUNK"]
         check(op, make_inputs(op, shape, dtype, device, strided=strided), SLACK[dtype])
@@ -393,11 +394,14 @@ def test_walk_path_with_a_held_part(op, dname, unroll, device, monkeypatch):
 def test_rows_of_65536_on_the_shipped_walks(op, dname, device):
     """The shipped walks' forward at 65,536 (those that hold a row's first 32,768 elements in
     registers and those that do not) against float64, a ragged rest (40,000) and a row just past
-    the held part's width (32,769: one element walked)."""
+    the held part's width (32,769: one element walked); models' widths that are no whole number
+    of chunks (Falcon-180B's 14,848, Nemotron-4's 18,432: walked with a ragged last chunk, but
+    add+RMSNorm fp32 at 18,432 on the block path)."""
     dtype = DTYPES[dname]
-    for n in (65536, 40000, 32769):
+    for n in (65536, 40000, 32769, 14848, 18432):
         plan = norm_launch._forward_plan(2, n, n, n, FLAGS[op], dtype.itemsize)
-        assert plan.kernel is norm_launch.K.norm_fwd_walk_kernel
+        walked = plan.kernel is norm_launch.KW.norm_fwd_walk_kernel
+        assert walked != (op == "add_rms_norm" and dname == "fp32" and n == 18432)
         check_forward(op, make_inputs(op, (2, n), dtype, device), SLACK[dtype])
 
 
@@ -440,13 +444,14 @@ def test_wide_and_walk_paths_with_streaming_stores(op, cache, device, monkeypatc
 @pytest.mark.parametrize("dname", list(DTYPES))
 def test_walk_path_layer_norm_in_two_walks(dname, unroll, device, monkeypatch):
     """LayerNorm's walk with mean and variance in one walk (Walk.welford): each lane's running
-    mean and M2, merged at the end; ragged (1823) and whole (512) chunks, strided rows."""
+    mean and M2, merged at the end; ragged (1823), whole (512) and one masked (100) chunks,
+    strided rows."""
     walk = (norm_launch.Walk(1, 1 << 40, 128, 4, unroll, welford=True),)
     monkeypatch.setattr(norm_launch, "FWD_WALK", {("layer_norm", s): walk for s in (2, 4)})
     dtype = DTYPES[dname]
-    for shape, strided in [((9, 1823), False), ((5, 512), True)]:
+    for shape, strided in [((9, 1823), False), ((5, 512), True), ((4, 100), False)]:
         plan = norm_launch._forward_plan(shape[0], shape[1], shape[1], shape[1], (0, 1, 1, 0), 2)
-        assert plan.meta["WELFORD"] and plan.kernel is norm_launch.K.norm_fwd_walk_kernel
+        assert plan.meta["WELFORD"] and plan.kernel is norm_launch.KW.norm_fwd_walk_kernel
         check(
             "layer_norm",
             make_inputs("layer_norm", shape, dtype, device, strided=strided),

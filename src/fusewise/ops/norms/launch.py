@@ -19,6 +19,7 @@ from .._launch import _I32_MAX, cdiv, launch, next_power_of_2, sm_count
 from . import kernels as K
 from . import kernels_bwd as KB
 from . import kernels_bwd_sliced as KBS
+from . import kernels_walk as KW
 
 # the launchers read launch.BWD_CONFIGS, FWD_UNMASKED, FWD_WALK: tests and sweeps replace them here
 from .settings import BWD_CONFIGS, FWD_UNMASKED, FWD_WALK, Bwd, Walk  # noqa: F401
@@ -192,9 +193,11 @@ def _forward_plan(
     if walk is not None:
         chunk, chunks, even = walk.chunks_of(n)
         meta |= dict(CHUNK=chunk, CHUNKS=chunks, EVEN=even, num_warps=walk.warps, HOLD=walk.hold)
-        meta |= dict(UNROLL=chunks if walk.unroll else 1, WELFORD=walk.welford)
+        # unrolled: every chunk of the loop (the whole ones; a ragged last is taken after it)
+        unroll = max(1, chunks - (not even)) if walk.unroll else 1
+        meta |= dict(UNROLL=unroll, WELFORD=walk.welford)
         meta |= dict(STREAM=FWD_CACHE >= 1)
-        plan = _FwdPlan(K.norm_fwd_walk_kernel, (m,), ints, meta)
+        plan = _FwdPlan(KW.norm_fwd_walk_kernel, (m,), ints, meta)
     elif use_wide_path(n):
         meta |= dict(BLOCK_N=WIDE_CHUNK_FWD, num_warps=WIDE_WARPS, CACHE=FWD_CACHE)
         plan = _FwdPlan(K.norm_fwd_wide_kernel, (m,), ints, meta)

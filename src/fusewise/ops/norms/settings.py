@@ -106,7 +106,7 @@ BWD_CONFIGS = {
 
 
 class Walk(NamedTuple):
-    """A forward that walks each row in chunks (kernels.norm_fwd_walk_kernel), for rows of
+    """A forward that walks each row in chunks (kernels_walk.norm_fwd_walk_kernel), for rows of
     `narrowest` to `widest` elements."""
 
     narrowest: int
