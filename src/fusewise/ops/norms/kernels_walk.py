@@ -174,16 +174,15 @@ def norm_fwd_walk_kernel(
             shift = _median5(row_start, N)[:, None]
         else:
             shift = tl.load(row_start).to(tl.float32)[:, None]
-    walked = (X, R, H, rows, offs)  # what every walk's step reads the row with
     for c in tl.range(0, WHOLE, loop_unroll_factor=UNROLL):
         acc, m2 = _first_walk_step(
-            acc, m2, c, *walked, shift, N, stride_x, stride_r, IS_RMS, HAS_RES, WELFORD, CHUNK,
-            True,
+            acc, m2, c, X, R, H, rows, offs, shift, N, stride_x, stride_r,
+            IS_RMS, HAS_RES, WELFORD, CHUNK, True,
         )  # fmt: skip
     if not EVEN:
         acc, m2 = _first_walk_step(
-            acc, m2, CHUNKS - 1, *walked, shift, N, stride_x, stride_r, IS_RMS, HAS_RES, WELFORD,
-            CHUNK, False,
+            acc, m2, CHUNKS - 1, X, R, H, rows, offs, shift, N, stride_x, stride_r,
+            IS_RMS, HAS_RES, WELFORD, CHUNK, False,
         )  # fmt: skip
     mean = tl.zeros([1], tl.float32)
     if IS_RMS:
@@ -208,12 +207,13 @@ def norm_fwd_walk_kernel(
         acc = tl.zeros([1, CHUNK], tl.float32)
         for c in tl.range(0, WHOLE, loop_unroll_factor=UNROLL):
             acc = _centred_walk_step(
-                acc, c, *walked, mean, N, stride_x, stride_r, HAS_RES, CHUNK, True
+                acc, c, X, R, H, rows, offs, mean, N, stride_x, stride_r, HAS_RES, CHUNK, True
             )
         if not EVEN:
             acc = _centred_walk_step(
-                acc, CHUNKS - 1, *walked, mean, N, stride_x, stride_r, HAS_RES, CHUNK, False
-            )
+                acc, CHUNKS - 1, X, R, H, rows, offs, mean, N, stride_x, stride_r,
+                HAS_RES, CHUNK, False,
+            )  # fmt: skip
         centred = tl.sum(acc, axis=1)
         if HOLD > 0:
             held = held - mean[:, None]
@@ -232,9 +232,15 @@ def norm_fwd_walk_kernel(
             y_held = y_held + _load(B + hcols, hcol_ok, True, "evict_last").to(tl.float32)[None, :]
         held_ptrs = Y + rows.to(tl.int64)[:, None] * N + hcols[None, :]
         _store(held_ptrs, _round(y_held, Y.dtype.element_ty), hmask, True, STREAM)
-    out = (X, R, H, W, B, Y, rows, offs, mean, rstd, N, stride_x, stride_r)
-    flags = (IS_RMS, HAS_W, HAS_B, HAS_RES, CHUNK)
+    # (the constexprs passed one by one: unpacked from a tuple they reach the step as values,
+    # and a weight or bias of None then fails to compile for the GPU)
     for c in tl.range(0, WHOLE, loop_unroll_factor=UNROLL):
-        _output_walk_step(c, *out, *flags, True, STREAM)
+        _output_walk_step(
+            c, X, R, H, W, B, Y, rows, offs, mean, rstd, N, stride_x, stride_r,
+            IS_RMS, HAS_W, HAS_B, HAS_RES, CHUNK, True, STREAM,
+        )  # fmt: skip
     if not EVEN:
-        _output_walk_step(CHUNKS - 1, *out, *flags, False, STREAM)
+        _output_walk_step(
+            CHUNKS - 1, X, R, H, W, B, Y, rows, offs, mean, rstd, N, stride_x, stride_r,
+            IS_RMS, HAS_W, HAS_B, HAS_RES, CHUNK, False, STREAM,
+        )  # fmt: skip
