@@ -95,12 +95,21 @@ def _output_walk_step(
         X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES, False, EVEN, "evict_first"
     )
     y = (x if IS_RMS else x - mean[:, None]) * rstd[:, None]
+    _store_y(y, W, B, Y, rows, cols, col_ok, N, HAS_W, HAS_B, EVEN, STREAM)
+
+
+@triton.jit
+def _store_y(
+    y, W, B, Y, rows, cols, col_ok, N,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, EVEN: tl.constexpr, STREAM: tl.constexpr,
+):  # fmt: skip
+    """y (normalised, fp32) times the weight plus the bias at cols, stored in Y's dtype."""
     if HAS_W:
         y = y * _load(W + cols, col_ok, EVEN, "evict_last").to(tl.float32)[None, :]
     if HAS_B:
         y = y + _load(B + cols, col_ok, EVEN, "evict_last").to(tl.float32)[None, :]
     y_ptrs = Y + rows.to(tl.int64)[:, None] * N + cols[None, :]
-    _store(y_ptrs, _round(y, Y.dtype.element_ty), mask, EVEN, STREAM)
+    _store(y_ptrs, _round(y, Y.dtype.element_ty), col_ok[None, :], EVEN, STREAM)
 
 
 @triton.jit
@@ -223,15 +232,8 @@ def norm_fwd_walk_kernel(
     tl.store(Rstd + rows, rstd)
     if HOLD > 0:
         # the held part's y first: its registers are free for the last walk (LayerNorm's held
-        # part is centred already). Names of their own: a name the walk's loop assigns must
-        # keep its shape.
-        y_held = held * rstd[:, None]
-        if HAS_W:
-            y_held = y_held * _load(W + hcols, hcol_ok, True, "evict_last").to(tl.float32)[None, :]
-        if HAS_B:
-            y_held = y_held + _load(B + hcols, hcol_ok, True, "evict_last").to(tl.float32)[None, :]
-        held_ptrs = Y + rows.to(tl.int64)[:, None] * N + hcols[None, :]
-        _store(held_ptrs, _round(y_held, Y.dtype.element_ty), hmask, True, STREAM)
+        # part is centred already)
+        _store_y(held * rstd[:, None], W, B, Y, rows, hcols, hcol_ok, N, HAS_W, HAS_B, True, STREAM)
     # (the constexprs passed one by one: unpacked from a tuple they reach the step as values,
     # and a weight or bias of None then fails to compile for the GPU)
     for c in tl.range(0, WHOLE, loop_unroll_factor=UNROLL):
