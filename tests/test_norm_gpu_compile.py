@@ -70,6 +70,15 @@ for dtype, (is_rms, has_res) in itertools.product(
         for hold in (0, 512):  # a held part: loaded evict-first, its y stored streaming too
             ptx = compile_for_gpu(KW.norm_fwd_walk_kernel, by_row, meta | dict(HOLD=hold), 4)
             assert "st.global.cs" in ptx and "evict_first" in ptx
+    # the walk's other shapes as launched: one ragged chunk and no whole one; a held part with a
+    # ragged rest, unrolled; no weight (and no bias), None
+    walk = dict(ops, CHUNK=256, EVEN=False, WELFORD=False, STREAM=True, HOLD=0)
+    compile_for_gpu(KW.norm_fwd_walk_kernel, by_row, walk | dict(CHUNKS=1, UNROLL=1), 4)
+    held = walk | dict(CHUNKS=3, UNROLL=2, HOLD=512)
+    compile_for_gpu(KW.norm_fwd_walk_kernel, by_row, held, 4)
+    bare = {k: v for k, v in by_row.items() if k not in ("W", "B")}
+    unweighted = walk | dict(CHUNKS=2, UNROLL=1, HAS_W=False, HAS_B=False, W=None, B=None)
+    compile_for_gpu(KW.norm_fwd_walk_kernel, bare, unweighted, 4)
     for cache in (0, 1, 2):
         meta = dict(ops, BLOCK_N=256, CACHE=cache)
         ptx = compile_for_gpu(K.norm_fwd_wide_kernel, by_row, meta, 4)
@@ -135,6 +144,7 @@ def test_kernels_compile_for_the_gpu():
     )
     assert done.returncode == 0, done.stderr[-4000:]
     # 2 dtypes x (3 ops x (2 block + 2 streaming walks + 2 holding walks + 3 wide: FWD_CACHE
-    # 0-2 + 2 sliced backwards + 3 forward and 4 backward kernels with ALIGN = 8 and 1,
-    # unaligned) + walks: 8 LayerNorm, 4 for each RMS op)
-    assert done.stdout.split() == ["compiled", "182"]
+    # 0-2 + 3 walks as launched: one ragged chunk, a held part's ragged rest, no weight + 2
+    # sliced backwards + 3 forward and 4 backward kernels with ALIGN = 8 and 1, unaligned) +
+    # walks: 8 LayerNorm, 4 for each RMS op)
+    assert done.stdout.split() == ["compiled", "200"]
