@@ -4,7 +4,7 @@
 # Usage (in the device command): FUSEWISE_COMMIT=<sha> TESTS="tests/a.py ..." \
 #   bash benchmarks/gpu_session.sh [serial] [tests] [replay] [capture] [demo] [host] [pairs]
 #   [norms] [sweep] [ab] [rotary_sweep] [rotary] [gated] [ab_src] [e2e] [order] [iso] [host_ab]
-#   [ab_fwd] [ab_align] [peers_align] [inductor] [peers_wide] [peers_walk] [issue14]
+#   [ab_fwd] [ab_align] [peers_align] [inductor] [peers_wide] [peers_walk] [issue14] [sweep_part]
 #   (.whl carried: Liger and CCE for tests; serial: SERIAL_TESTS without xdist, for tests that
 #   time a launch-bound step and fail when other processes share the GPU, and BIG_TESTS;
 #   norms: bench_norms against torch and Liger, kernels only, one process per op so a timeout loses one op, then the
@@ -81,6 +81,13 @@ for what in "$@"; do
           --providers fusewise,liger --csv $C > "$OUT/ab_gated_${v}_$r.txt" 2>&1
       done; done
       python benchmarks/ab_summary.py $C | tee "$OUT/ab_summary.txt" ;;
+    sweep_part)
+      # one part of sweep_norm_configs at 2**27 elements: SWEEP_PART, SWEEP_OPS, SWEEP_DTYPES,
+      # SWEEP_WIDTHS (default: the part's)
+      timeout ${SWEEP_S:-240} python benchmarks/sweep_norm_configs.py --parts $SWEEP_PART \
+        --ops ${SWEEP_OPS:-layer_norm} --dtypes ${SWEEP_DTYPES:-bf16} --elements 134217728 \
+        ${SWEEP_WIDTHS:+--widths $SWEEP_WIDTHS} --csv "$OUT/sweep_$SWEEP_PART.csv" 2>&1 \
+        | grep -v USDT | tee "$OUT/sweep_$SWEEP_PART.txt" ;;
     sweep)
       S=benchmarks/sweep_norm_configs.py
       (timeout 80 python $S --parts split --csv "$OUT/sweep_norms.csv"

@@ -103,7 +103,9 @@ def backward(op: str, size: int, width: int) -> tuple[str, dict]:
     if s.slice:
         args |= dict(groups="i32", rows_per_program="i32")
         slices, chunk = -(-width // block_n), min(s.tile, block_n)
-        constants = flags | dict(SLICES=slices, BLOCK_S=block_n, CHUNK=chunk, UNROLL=s.unroll)
+        constants = flags | dict(
+            SLICES=slices, BLOCK_S=block_n, CHUNK=chunk, UNROLL=s.unroll, ALIGN=1
+        )
         label = f"bwd sliced {slices}x{block_n} chunk={chunk} warps={s.warps} {s.unroll=}"
         label = label.replace("s.", "")
         return label, _counts(_compile(KBS.norm_bwd_sliced_kernel, args, constants, s.warps))
@@ -115,6 +117,7 @@ def backward(op: str, size: int, width: int) -> tuple[str, dict]:
         PREFETCH=s.prefetch,
         LEAN=s.lean,
         RELOAD=s.reload,
+        ALIGN=1,
     )
     label = f"bwd fused {block_m}x{block_n} warps={s.warps} {s.prefetch=} {s.lean=} {s.reload=}"
     return label.replace("s.", ""), _counts(
@@ -134,6 +137,7 @@ def forward(op: str, size: int, width: int) -> tuple[str, dict]:
         HAS_RES=op == "add_rms_norm",
         BLOCK_M=block_m,
         BLOCK_N=block_n,
+        ALIGN=1,
     )
     compiled = _compile(K.norm_fwd_block_kernel, args, constants, warps)
     return f"fwd block {block_m}x{block_n} warps={warps}", _counts(compiled)
