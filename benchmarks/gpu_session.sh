@@ -156,15 +156,15 @@ for what in "$@"; do
       cat /tmp/host_new_1.txt
       python benchmarks/ab_summary.py $C --a old --b new | tee "$OUT/host_ab_summary.txt" ;;
     ab_fwd)
-      # the src tree in $AB_OLD against src on the norms' forward (bench_norms, kernels only;
-      # AB_OPS, AB_DTYPES and AB_WIDTHS, by default every op, bf16, 256-32,768) and, unless
+      # the src tree in $AB_OLD against src (or $AB_NEW) on the norms' forward (bench_norms, kernels only;
+      # AB_OPS, AB_DTYPES, AB_WIDTHS and AB_MODES, by default every op, bf16, 256-32,768, fwd) and, unless
       # AB_ROTARY=0, the rotary embedding (with Liger as the control), one process per variant,
       # alternated
       C="$OUT/ab_fwd.csv"
       for r in $(seq ${AB_ROUNDS:-2}); do for v in old new; do
-        P=$PWD/src; [ $v = old ] && P=$PWD/$AB_OLD
+        P=$PWD/${AB_NEW:-src}; [ $v = old ] && P=$PWD/$AB_OLD
         PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout 90 python benchmarks/with_tag.py $v \
-          benchmarks/bench_norms.py --modes fwd --timings graph --dtypes ${AB_DTYPES:-bf16} \
+          benchmarks/bench_norms.py --modes ${AB_MODES:-fwd} --timings graph --dtypes ${AB_DTYPES:-bf16} \
           --ops ${AB_OPS:-layer_norm,rms_norm,add_rms_norm} \
           --widths ${AB_WIDTHS:-256,1024,4096,8192,16384,32768} --providers fusewise --csv $C \
           > "/tmp/ab_norms_${v}_$r.txt" 2>&1
