@@ -90,26 +90,32 @@ def measure(inputs, op, mode, n, dtype):
 
 
 def relative_error(inputs, op, mode, n, dtype) -> float:
-    """max |fusewise - float32 torch| / max |torch| of y (forward; and h for add_rms_norm) or dx
-    (backward), on the sweep's own inputs: a candidate that computes a wrong value (a race, a
-    mask) shows here and not only in its time. NaN if any output is NaN."""
+    """max |fusewise - float32 torch| / max |torch| of y (forward; and h for add_rms_norm) or of
+    dx, dweight and dbias (backward), on the sweep's own inputs: a candidate that computes a
+    wrong value (a race, a mask, a gradient summed wrong) shows here and not only in its time.
+    NaN if any output is NaN."""
     x, r, w, b, dy, dh, xn, mean, rstd = inputs.get(op, n, dtype)
-    is_rms = op != "layer_norm"
+    is_rms, bwd = op != "layer_norm", mode == "bwd"
     # add_rms_norm normalizes h = x + r (the backward's xn, rounded to dtype as the forward
     # stores it); its dx is the gradient through the norm plus the incoming dh.
-    src = xn if mode == "bwd" else (x.float() + r.float() if r is not None else x)
-    xf = src.float().requires_grad_(mode == "bwd")
+    src = xn if bwd else (x.float() + r.float() if r is not None else x)
+    xf = src.float().requires_grad_(bwd)
+    wf = w.float().requires_grad_(bwd)
+    bf = None if b is None else b.float().requires_grad_(bwd)
     if is_rms:
-        ref = F.rms_norm(xf, (n,), w.float(), 1e-6)
+        ref = F.rms_norm(xf, (n,), wf, 1e-6)
     else:
-        ref = F.layer_norm(xf, (n,), w.float(), b.float(), 1e-6)
+        ref = F.layer_norm(xf, (n,), wf, bf, 1e-6)
     if mode == "fwd":
         y, h, _, _ = L.norm_forward(x, r, w, b, 1e-6, is_rms)
         pairs = [(y, ref)] + ([(h, xf)] if r is not None else [])
     else:
-        (ref,) = torch.autograd.grad(ref, xf, dy.float())
-        ref = ref + dh.float() if dh is not None else ref
-        pairs = [(L.norm_backward(dy, dh, xn, w, b, mean, rstd, is_rms)[0], ref)]
+        leaves = [xf, wf] + ([bf] if bf is not None else [])
+        want = list(torch.autograd.grad(ref, leaves, dy.float()))
+        if dh is not None:
+            want[0] = want[0] + dh.float()
+        got = L.norm_backward(dy, dh, xn, w, b, mean, rstd, is_rms)
+        pairs = list(zip(got, want))
     errors = [((got.float() - want).abs().max() / want.abs().max()).item() for got, want in pairs]
     return max(errors, key=lambda e: (e != e, e))
 
