@@ -69,6 +69,10 @@ TILES_M = 4  # dx and weight-gradient tiles: rows, columns, warps
 TILES_N = 1024
 TILES_WARPS = 4
 TILES_WAVES = 4  # programs per multiprocessor the grid aims at
+# The bias gradient's column sums (Bwd.bias_apart): tile rows, columns, warps.
+COLSUM_M = 8
+COLSUM_N = 1024
+COLSUM_WARPS = 8
 
 
 def alloc(shape, dtype, device) -> torch.Tensor:
@@ -309,10 +313,11 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     else:
         dw_part, db_part = _partials(plan.groups, n, has_w, has_b, dev)
     setting = plan.setting
+    bias_apart = has_b and setting.bias_apart
     align, ints = _aligned(n, x.stride(0), dy.stride(0), dh_arg.stride(0))
     args = (x, weight, dy, dh_arg, dx, mean, rstd, dw_part, db_part, m, *ints)
     args += (plan.groups, plan.tiles_per_program)
-    flags = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, HAS_DH=dh is not None)
+    flags = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b and not bias_apart, HAS_DH=dh is not None)
     flags |= dict(num_warps=setting.warps, ALIGN=align)
     if setting.slice:
         meta = dict(SLICES=plan.slices, BLOCK_S=plan.block_n, CHUNK=min(setting.tile, plan.block_n))
@@ -322,6 +327,8 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
         meta = dict(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, PREFETCH=setting.prefetch)
         meta |= dict(LEAN=setting.lean, RELOAD=setting.reload)
         launch(KB.norm_bwd_block_kernel, (plan.groups,), *args, **flags, **meta)
+    if bias_apart:
+        _column_sums(dy, db_part, plan.groups)
     if plan.groups == 1:
         return dx, dw, db
     return dx, *_finish_weight_grads(dw_part, db_part, weight, bias, dev)
@@ -354,6 +361,17 @@ def _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms: bool, dx):
     grid = (column_blocks, groups)
     launch(KB.norm_bwd_tiles_kernel, grid, *tiles_args, rows_per_group, **meta, **flags)
     return dw_part, db_part
+
+
+def _column_sums(dy, part, groups: int) -> None:
+    """Σ dy over rows into `groups` rows of part (fp32 partials, or dbias itself for one)."""
+    m, n = dy.shape
+    rows_per_group = cdiv(m, groups)
+    align, (n_, stride) = _aligned(n, dy.stride(0))
+    grid = (cdiv(n, COLSUM_N), groups)
+    meta = dict(BLOCK_M=COLSUM_M, BLOCK_N=min(COLSUM_N, next_power_of_2(n)), ALIGN=align)
+    launch(KB.column_sums_kernel, grid, dy, part, m, n_, stride, rows_per_group, **meta,
+           num_warps=COLSUM_WARPS)  # fmt: skip
 
 
 def _weight_grads(weight, bias, dev):

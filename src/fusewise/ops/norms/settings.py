@@ -30,6 +30,10 @@ class Bwd(NamedTuple):
     # accumulators of their slice only (kernels_bwd_sliced); `tile` is then the walk's chunk.
     # 0: whole rows a program (norm_bwd_block_kernel)
     unroll: bool = False  # sliced: the row sums' walk unrolled whole, else a loop of chunks
+    bias_apart: bool = False  # LayerNorm: the bias gradient summed over dy by its own kernel
+    # (kernels_bwd.column_sums_kernel), not accumulated in the fused kernel's registers beside
+    # the weight gradient's: dy is read once more, and the fused kernel has 16 registers a thread
+    # more for the rest at 16,384 elements a row on 32 warps
 
 
 # Backward, fused kernel, by (op, bytes per element), from the sweeps at 32288f2 (bf16) and
