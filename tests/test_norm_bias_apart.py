@@ -10,6 +10,7 @@ from norm_cases import DTYPES, SLACK, check_backward_through_row_strides, make_i
 from norm_cases import check_op as check
 
 from fusewise.ops.norms import kernels_bwd as KB
+from fusewise.ops.norms import kernels_bwd_sliced as KBS
 from fusewise.ops.norms import launch as L
 
 
@@ -60,20 +61,29 @@ def test_bias_gradient_apart_with_each_fused_variant(lean, reload, device, monke
     assert _fused_has_b(launched) == [False]
 
 
-def test_bias_gradient_apart_with_the_sliced_backward(device, monkeypatch):
+@pytest.mark.parametrize("per_sm", [1, 3])  # one group of 3 slices; 3 groups (partial rows)
+def test_bias_gradient_apart_with_the_sliced_backward(per_sm, device, monkeypatch):
     """A row's columns shared out among programs (Bwd.slice) with the bias apart: the sliced
     kernel without bias accumulators, the column sums into the same partial rows."""
-    launched = _apart(monkeypatch, tile=64, slice=128, bias_apart=True)
+    launched = _apart(monkeypatch, tile=64, slice=128, per_sm=per_sm, bias_apart=True)
     check("layer_norm", make_inputs("layer_norm", (41, 300), torch.float32, device), 1e-6)
-    sliced = [meta["HAS_B"] for k, meta in launched if k is not KB.column_sums_kernel]
-    assert False in sliced and [k for k, _ in launched].count(KB.column_sums_kernel) == 1
+    sliced = [meta["HAS_B"] for k, meta in launched if k is KBS.norm_bwd_sliced_kernel]
+    assert sliced == [False] and [k for k, _ in launched].count(KB.column_sums_kernel) == 1
+    plan = L._backward_plan(41, 300, "layer_norm", 4, torch.device(device))
+    assert plan.groups == per_sm and plan.slices == 3
 
 
+@pytest.mark.parametrize("single", [True, False])  # dbias itself; 3 groups of partial rows
 @pytest.mark.parametrize("x_rows, dy_rows", [("padded", "broadcast"), ("broadcast", "padded")])
-def test_bias_gradient_apart_reads_dy_through_its_row_stride(x_rows, dy_rows, device, monkeypatch):
+def test_bias_gradient_apart_reads_dy_through_its_row_stride(
+    x_rows, dy_rows, single, device, monkeypatch
+):
     """dy with padded rows or a row stride of 0 (an expanded gradient): the column sums read it
-    through its own stride (against the float64 analytic backward)."""
+    through its own stride (against the float64 analytic backward), into dbias itself or into
+    partial rows N apart."""
     monkeypatch.setattr(L, "COLSUM_N", 32)
+    if not single:
+        monkeypatch.setattr(L, "SINGLE_PROGRAM_ELEMENTS", 0)
     launched = _apart(monkeypatch, bias_apart=True, reload=True, prefetch=False, lean=True)
     check_backward_through_row_strides("layer_norm", x_rows, dy_rows, device)
     assert [k for k, _ in launched].count(KB.column_sums_kernel) == 1
@@ -91,3 +101,43 @@ def test_no_bias_no_column_sums(device, monkeypatch):
     assert KB.column_sums_kernel not in [k for k, _ in launched]
     xhat = (x - mean[:, None]) * rstd[:, None]
     torch.testing.assert_close(dw, (dy * xhat).sum(0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dname", ["bf16", "fp16"])
+def test_bias_gradient_apart_in_the_parameters_dtype(dname, device, monkeypatch):
+    """Activations in bf16 or fp16 with fp32 weight and bias (mixed precision's master
+    parameters): dbias comes back in fp32, not rounded through the activations' dtype, within
+    eager PyTorch's error; one group and three."""
+    launched = _apart(monkeypatch, bias_apart=True)
+    dtype = DTYPES[dname]
+    for shape in [(5, 64), (301, 100)]:
+        a = make_inputs("layer_norm", shape, dtype, device, weight_dtype=torch.float32)
+        check("layer_norm", a, SLACK[dtype])
+    assert _fused_has_b(launched) == [False, False]
+
+
+def test_single_group_dbias_rounds_to_nearest(device, monkeypatch):
+    """One group writes dbias in bf16 itself: rounded to nearest from its fp32 sum, within half
+    a bf16 ulp of the float64 sum (plus the fp32 sum's own error), where a truncating store
+    misses by up to a whole ulp; and the same bits on a second call (a fixed order)."""
+    _apart(monkeypatch, bias_apart=True)
+    m, n = 6, 512
+    x = torch.randn(m, n, device=device).to(torch.bfloat16)
+    dy = torch.randn(m, n, device=device).to(torch.bfloat16)
+    w = torch.randn(n, device=device).to(torch.bfloat16)
+    b = torch.zeros(n, device=device, dtype=torch.bfloat16)
+    mean, rstd = x.float().mean(-1), torch.rsqrt(x.float().var(-1, unbiased=False) + 1e-5)
+    assert L._backward_plan(m, n, "layer_norm", 2, torch.device(device)).groups == 1
+    db = L.norm_backward(dy, None, x, w, b, mean, rstd, False)[2]
+    want = dy.double().sum(0)
+    half_ulp = 2.0 ** (torch.floor(torch.log2(want.abs().clamp_min(1e-30))) - 8)
+    assert ((db.double() - want).abs() <= half_ulp * (1 + 1e-3) + 1e-6 * want.abs()).all()
+    again = L.norm_backward(dy, None, x, w, b, mean, rstd, False)[2]
+    assert torch.equal(db, again)
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (7, 1), (1, 1)])
+def test_bias_gradient_apart_one_row_or_one_column(shape, device, monkeypatch):
+    """M = 1 and N = 1 (a column block of one element), against float64."""
+    _apart(monkeypatch, bias_apart=True)
+    check("layer_norm", make_inputs("layer_norm", shape, torch.float32, device), 1e-6)
