@@ -1,5 +1,5 @@
 """LayerNorm's bias gradient summed by its own kernel over dy (launch.Bwd.bias_apart,
-kernels_bwd.column_sums_kernel), the fused backward left with dx and the weight gradient: against
+kernels_bias.column_sums_kernel), the fused backward left with dx and the weight gradient: against
 float64, held to eager PyTorch's error in the same dtype; one group of programs (dbias written
 directly) and several (fp32 partials), ragged column blocks, strided and broadcast rows, the
 sliced backward, and no bias. Runs the real Triton kernels (the interpreter on the CPU)."""
@@ -9,6 +9,7 @@ import torch
 from norm_cases import DTYPES, SLACK, check_backward_through_row_strides, make_inputs
 from norm_cases import check_op as check
 
+from fusewise.ops.norms import kernels_bias as KBIAS
 from fusewise.ops.norms import kernels_bwd as KB
 from fusewise.ops.norms import kernels_bwd_sliced as KBS
 from fusewise.ops.norms import launch as L
@@ -49,7 +50,7 @@ def test_bias_gradient_apart_matches_float64(shape, dname, device, monkeypatch):
     dtype = DTYPES[dname]
     check("layer_norm", make_inputs("layer_norm", shape, dtype, device), SLACK[dtype])
     assert _fused_has_b(launched) == [False]
-    assert [k for k, _ in launched].count(KB.column_sums_kernel) == 1
+    assert [k for k, _ in launched].count(KBIAS.column_sums_kernel) == 1
 
 
 @pytest.mark.parametrize("lean, reload", [(True, True), (False, False), (True, False)])
@@ -70,7 +71,7 @@ def test_bias_gradient_apart_with_the_sliced_backward(per_sm, device, monkeypatc
     launched = _apart(monkeypatch, tile=64, slice=128, per_sm=per_sm, bias_apart=True)
     check("layer_norm", make_inputs("layer_norm", (41, 300), torch.float32, device), 1e-6)
     sliced = [meta["HAS_B"] for k, meta in launched if k is KBS.norm_bwd_sliced_kernel]
-    assert sliced == [False] and [k for k, _ in launched].count(KB.column_sums_kernel) == 1
+    assert sliced == [False] and [k for k, _ in launched].count(KBIAS.column_sums_kernel) == 1
     plan = L._backward_plan(41, 300, "layer_norm", 4, torch.device(device))
     assert plan.groups == per_sm and plan.slices == 3
 
@@ -88,7 +89,7 @@ def test_bias_gradient_apart_reads_dy_through_its_row_stride(
         monkeypatch.setattr(L, "SINGLE_PROGRAM_ELEMENTS", 0)
     launched = _apart(monkeypatch, bias_apart=True, reload=True, prefetch=False, lean=True)
     check_backward_through_row_strides("layer_norm", x_rows, dy_rows, device)
-    assert [k for k, _ in launched].count(KB.column_sums_kernel) == 1
+    assert [k for k, _ in launched].count(KBIAS.column_sums_kernel) == 1
 
 
 def test_no_bias_no_column_sums(device, monkeypatch):
@@ -100,7 +101,7 @@ def test_no_bias_no_column_sums(device, monkeypatch):
     mean, rstd = x.mean(-1), torch.rsqrt(x.var(-1, unbiased=False) + 1e-5)
     dx, dw, db = L.norm_backward(dy, None, x, w, None, mean, rstd, False)
     assert db is None and dw is not None
-    assert KB.column_sums_kernel not in [k for k, _ in launched]
+    assert KBIAS.column_sums_kernel not in [k for k, _ in launched]
     xhat = (x - mean[:, None]) * rstd[:, None]
     torch.testing.assert_close(dw, (dy * xhat).sum(0), rtol=1e-5, atol=1e-5)
 

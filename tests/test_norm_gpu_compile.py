@@ -17,6 +17,7 @@ import re
 import triton
 from triton.backends.compiler import GPUTarget
 from fusewise.ops.norms import kernels as K
+from fusewise.ops.norms import kernels_bias as KBIAS
 from fusewise.ops.norms import kernels_bwd as KB
 from fusewise.ops.norms import kernels_bwd_sliced as KBS
 from fusewise.ops.norms import kernels_walk as KW
@@ -128,7 +129,7 @@ for dtype, (is_rms, has_res) in itertools.product(
                                                  BLOCK_N=2048, UNROLL=2), False),
         (KB.norm_bwd_tiles_kernel, tiles, dict(flags, BLOCK_M=1, BLOCK_N=2048), True),
     ] + [  # LayerNorm's bias gradient apart (Bwd.bias_apart)
-        (KB.column_sums_kernel, column_sums, dict(BLOCK_M=8, BLOCK_N=1024), False)
+        (KBIAS.column_sums_kernel, column_sums, dict(BLOCK_M=8, BLOCK_N=1024), False)
         for column_sums in [dict(DY=t, Part="*fp32", M="i32", N="i32", stride_dy="i32",
                                  rows_per_group="i32")]
         if not is_rms

@@ -352,38 +352,6 @@ def norm_bwd_tiles_kernel(
 
 
 @triton.jit
-def column_sums_kernel(
-    DY,
-    Part,
-    M,
-    N,
-    stride_dy,
-    rows_per_group,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    ALIGN: tl.constexpr = 1,
-):
-    """The bias gradient's partials on their own (Bwd.bias_apart): grid (column blocks, row
-    groups), row `group` of Part gets Σ dy over the group's rows for the program's columns, in
-    fp32 and a fixed order; rounded to Part's dtype, so that a single group writes dbias itself.
-    ALIGN: as the forward's (kernels.py)."""
-    N, stride_dy = _times(N, ALIGN), _times(stride_dy, ALIGN)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    group = tl.program_id(1)
-    col_ok = cols < N
-    # whole tiles accumulated, reduced over rows once at the end (see norm_bwd_block_kernel)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    row_end = tl.minimum(M, (group + 1) * rows_per_group)
-    for start in range(group * rows_per_group, row_end, BLOCK_M):
-        rows = start + tl.arange(0, BLOCK_M)
-        mask = (rows < row_end)[:, None] & col_ok[None, :]
-        ptrs = DY + rows.to(tl.int64)[:, None] * stride_dy + cols[None, :]
-        acc += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-    total = _round(tl.sum(acc, axis=0), Part.dtype.element_ty)
-    tl.store(Part + group.to(tl.int64) * N + cols, total, mask=col_ok)
-
-
-@triton.jit
 def sum_partials_kernel(
     DW_part,
     DB_part,

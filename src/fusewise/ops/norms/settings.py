@@ -31,7 +31,7 @@ class Bwd(NamedTuple):
     # 0: whole rows a program (norm_bwd_block_kernel)
     unroll: bool = False  # sliced: the row sums' walk unrolled whole, else a loop of chunks
     bias_apart: bool = False  # LayerNorm: the bias gradient summed over dy by its own kernel
-    # (kernels_bwd.column_sums_kernel), not accumulated in the fused kernel's registers beside
+    # (kernels_bias.column_sums_kernel), not accumulated in the fused kernel's registers beside
     # the weight gradient's: dy is read once more, and the fused kernel has 16 registers a thread
     # more for the rest at 16,384 elements a row on 32 warps
 
