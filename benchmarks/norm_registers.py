@@ -97,7 +97,7 @@ def backward(op: str, size: int, width: int) -> tuple[str, dict]:
     flags = dict(
         IS_RMS=op != "layer_norm",
         HAS_W=True,
-        HAS_B=op == "layer_norm",
+        HAS_B=op == "layer_norm" and not s.bias_apart,  # the column sums take dbias
         HAS_DH=op == "add_rms_norm",
     )
     if s.slice:

@@ -27,6 +27,7 @@ the largest output), so a kernel that races shows. Parts (--parts):
             with eviction policies (launch.FWD_CACHE), against the shipped, alternated
   sliced    the backward with a row's columns shared out among programs (Bwd.slice): slice,
             chunk, warps, programs a multiprocessor, at 12,288-65,536, against the shipped
+  biasapart LayerNorm's bias gradient by its own column sums (Bwd.bias_apart), 8,193-16,384
   split     the split backward (rows past the fused kernel's reach): tile rows, columns, warps,
             waves; the row sums' warps and unrolled loads
 
@@ -168,6 +169,33 @@ def settings(part: str, op: str):
             label = f"slice={sl} chunk={chunk} warps={warps} pps={pps}{' unrolled' * unroll}"
             yield label, {"BWD_CONFIGS": {**L.BWD_CONFIGS, (op, 2): one, (op, 4): one}}
         yield "shipped#2", {}
+    elif part == "biasapart":
+        # LayerNorm's bias gradient by its own column sums over dy (Bwd.bias_apart), the fused
+        # kernel (or the sliced one) without its accumulators; against the shipped before and
+        # after, and against the setting before the bias went apart (bf16: split kernels to
+        # 12,288, then fused with the bias accumulated). Labels: bf16's setting / fp32's
+        if op != "layer_norm":
+            return  # only LayerNorm has a bias
+        yield "shipped#1", {}
+        reload = L.Bwd(16384, 16384, 32, 1, False, True, True, bias_apart=True)
+        before = reload._replace(bias_apart=False, fused_from=12289)
+        lean = reload._replace(reload=False)
+        sliced = L.Bwd(16384, 4096, 16, 1, slice=8192, fused_from=12288)
+        for label, bf16, fp32, colsum in [
+            ("before / sliced, bias accumulated", before, sliced, (8, 1024, 8)),
+            ("reload / reload", reload, reload, (8, 1024, 8)),
+            ("lean / lean", lean, lean, (8, 1024, 8)),
+            ("reload / sliced", reload, sliced._replace(bias_apart=True), (8, 1024, 8)),
+            ("reload / reload, sums 4x2048 w8", reload, reload, (4, 2048, 8)),
+        ]:
+            configs = {
+                **L.BWD_CONFIGS,
+                ("layer_norm", 2): L.BWD_CONFIGS["layer_norm", 2][:-1] + (bf16,),
+                ("layer_norm", 4): L.BWD_CONFIGS["layer_norm", 4][:-1] + (fp32,),
+            }
+            sums = dict(zip(("COLSUM_M", "COLSUM_N", "COLSUM_WARPS"), colsum))
+            yield f"apart {label}", {"BWD_CONFIGS": configs, **sums}
+        yield "shipped#2", {}
     elif part == "fwdcache":
         # launch.FWD_CACHE 0 (shipped), 1 (y streamed), 2 (and the wide kernel's loads with
         # eviction policies), alternated over two rounds
@@ -292,6 +320,7 @@ WIDTHS = {
     "lean": BLOCK_WIDTHS,
     "split": WIDE_WIDTHS,
     "sliced": [12288, 16384, 32768, 65536],
+    "biasapart": [8704, 9216, 10240, 12288, 14848, 16384],
 }
 
 

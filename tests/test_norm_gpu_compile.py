@@ -17,6 +17,7 @@ import re
 import triton
 from triton.backends.compiler import GPUTarget
 from fusewise.ops.norms import kernels as K
+from fusewise.ops.norms import kernels_bias as KBIAS
 from fusewise.ops.norms import kernels_bwd as KB
 from fusewise.ops.norms import kernels_bwd_sliced as KBS
 from fusewise.ops.norms import kernels_walk as KW
@@ -127,6 +128,13 @@ for dtype, (is_rms, has_res) in itertools.product(
         (KB.norm_bwd_row_sums_kernel, sums, dict(IS_RMS=is_rms, HAS_W=True, BLOCK_M=1,
                                                  BLOCK_N=2048, UNROLL=2), False),
         (KB.norm_bwd_tiles_kernel, tiles, dict(flags, BLOCK_M=1, BLOCK_N=2048), True),
+    ] + [  # LayerNorm's bias gradient apart (Bwd.bias_apart): into fp32 partials or, for one
+        # group, into dbias itself in the activations' dtype
+        (KBIAS.column_sums_kernel, column_sums, dict(BLOCK_M=8, BLOCK_N=1024), False)
+        for part in dict.fromkeys(("*fp32", t))
+        for column_sums in [dict(DY=t, Part=part, M="i32", N="i32", stride_dy="i32",
+                                 rows_per_group="i32")]
+        if not is_rms
     ]:
         ptx = compile_for_gpu(fn, args, dict(meta, ALIGN=8), 4, aligned=set())
         assert re.search(r"ld\.global[.\w:]*\.v4\.b32", ptx), fn.__name__
@@ -146,5 +154,6 @@ def test_kernels_compile_for_the_gpu():
     # 2 dtypes x (3 ops x (2 block + 2 streaming walks + 2 holding walks + 3 wide: FWD_CACHE
     # 0-2 + 3 walks as launched: one ragged chunk, a held part's ragged rest, no weight + 2
     # sliced backwards + 3 forward and 4 backward kernels with ALIGN = 8 and 1, unaligned) +
-    # walks: 8 LayerNorm, 4 for each RMS op)
-    assert done.stdout.split() == ["compiled", "200"]
+    # walks: 8 LayerNorm, 4 for each RMS op + LayerNorm's column sums with ALIGN = 8 and 1,
+    # into fp32 partials) + the column sums into bf16 (one group's dbias), ALIGN = 8 and 1
+    assert done.stdout.split() == ["compiled", "206"]

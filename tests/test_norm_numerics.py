@@ -139,11 +139,12 @@ def test_backward_paths_by_width():
         assert not L.use_wide_path(16384, True, op, size)
         assert L.use_wide_path(16385, True, op, size)
         assert L.bwd_config(16384, op, size) == (1, 16384, Bwd(16384, 16384, 32, 1, False, True))
-    # ... from 12289 on: narrower rows on that block lost to the split kernels
-    setting = Bwd(16384, 16384, 32, 1, prefetch=False, lean=True, reload=True, fused_from=12289)
-    assert L.bwd_config(12289, "layer_norm") == (1, 16384, setting)
-    for n, split in [(8192, False), (8193, True), (12288, True), (12289, False), (16384, False)]:
-        assert L.use_wide_path(n, True, "layer_norm", 2) == split, n
+    # ... with its bias gradient summed apart, fused from 8193 on
+    setting = Bwd(16384, 16384, 32, 1, prefetch=False, lean=True, reload=True, bias_apart=True)
+    for n in (8193, 12288, 12289, 16384):
+        assert L.bwd_config(n, "layer_norm") == (1, 16384, setting), n
+        assert not L.use_wide_path(n, True, "layer_norm", 2), n
+    assert not L.bwd_config(16384, "layer_norm", 4)[2].bias_apart  # fp32: it lost there
     assert L.use_wide_path(16385, True, "layer_norm", 2)
     assert L.bwd_config(8192, "layer_norm")[2] == Bwd(8192, 8192, 8, 1)
 

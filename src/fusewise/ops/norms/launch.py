@@ -17,6 +17,7 @@ import torch
 
 from .._launch import _I32_MAX, cdiv, launch, next_power_of_2, sm_count
 from . import kernels as K
+from . import kernels_bias as KBIAS
 from . import kernels_bwd as KB
 from . import kernels_bwd_sliced as KBS
 from . import kernels_walk as KW
@@ -25,10 +26,9 @@ from . import kernels_walk as KW
 from .settings import BWD_CONFIGS, FWD_UNMASKED, FWD_WALK, Bwd, Walk  # noqa: F401
 
 # Widest row the forward keeps in registers; wider rows take the chunked wide path (FWD_WALK's
-# widths walk instead, on either side of it). The backward
-# keeps rows up to the widest block of BWD_CONFIGS in registers with the weight-gradient
-# accumulators (the fused kernel); wider rows take the split kernels. Module-level so tests can
-# lower them to reach those paths with small shapes.
+# widths walk instead, on either side of it). The backward keeps rows up to the widest block of
+# BWD_CONFIGS in registers with the weight-gradient accumulators (the fused kernel); wider rows
+# take the split kernels. Module-level so tests can lower them to reach those paths.
 MAX_BLOCK_N_FWD = 32768  # forward holds only x: 89% of the copy ceiling at 32768 vs 75% chunked
 MAX_BLOCK_N = 16384  # a cap on BWD_CONFIGS' widest blocks (tests lower it)
 # Forward wide path: 32768-element chunks on 32 warps. The sweep (benchmarks/sweep_norm_configs.py,
@@ -38,18 +38,13 @@ MAX_BLOCK_N = 16384  # a cap on BWD_CONFIGS' widest blocks (tests lower it)
 # 63% / 60%).
 WIDE_WARPS = 32
 WIDE_CHUNK_FWD = 32768
-# How the walked and wide forwards use the cache: 0 default stores and (wide kernel) loads; 1 y
-# stored streaming (evict first), so that it does not push out of L2 the rows a later walk reads
-# again; 2 also the wide kernel's first walk loaded evict-last and its second evict-first (the
-# walk kernel always loads so). The sweep (part fwdcache, H100, 2**27 elements, kernels only,
-# alternated over two rounds, within 0.7 between rounds but in one cell, at afe4cac) gave 2 at
-# 16,384-262,144:
-# walked widths +0 to +2.0 at 16,384-32,768 and +0.9 to +4.3 at 65,536 (RMSNorm fp32 83.2 ->
-# 87.5), the wide kernel +1 to +6 (LayerNorm fp32 65,536 76.4 -> 82.3, bf16 131,072 72.7 ->
-# 77.0, 262,144 67.6 -> 69.0); slower only for add+RMSNorm bf16 at 16,384-32,768, 101.4 -> 101.0
-# in both rounds. The landing run at 1de93e7 (H100, 8,192-262,144) agreed, and put
-# add+RMSNorm bf16's loss at 8,192-32,768 (0.3-0.5, every cell still above 100% of the byte
-# model).
+# How the walked and wide forwards use the cache: 0 default; 1 y stored streaming (evict first),
+# so that it does not push out of L2 the rows a later walk reads again; 2 also the wide kernel's
+# first walk loaded evict-last and its second evict-first (the walk kernel always loads so).
+# The sweep (part fwdcache, H100, afe4cac; results/README.md) gave 2 at 16,384-262,144: walked
+# widths +0 to +4.3 (RMSNorm fp32 65,536 83.2 -> 87.5), the wide kernel +1 to +6 (LayerNorm fp32
+# 65,536 76.4 -> 82.3); slower only for add+RMSNorm bf16 at 8,192-32,768 (0.3-0.5, still above
+# 100% of the byte model; the landing run at 1de93e7).
 FWD_CACHE = 2
 # Forward block-path tiles and warps, from the sweep on an H200 (bf16, 2**27 elements):
 # 2048-element tiles at 16 elements a thread (at most 16 warps) reached 93-97% of the copy
@@ -69,6 +64,7 @@ TILES_M = 4  # dx and weight-gradient tiles: rows, columns, warps
 TILES_N = 1024
 TILES_WARPS = 4
 TILES_WAVES = 4  # programs per multiprocessor the grid aims at
+COLSUM_M, COLSUM_N, COLSUM_WARPS = 8, 1024, 8  # Bwd.bias_apart's column sums: rows, columns, warps
 
 
 def alloc(shape, dtype, device) -> torch.Tensor:
@@ -309,10 +305,11 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
     else:
         dw_part, db_part = _partials(plan.groups, n, has_w, has_b, dev)
     setting = plan.setting
+    bias_apart = has_b and setting.bias_apart
     align, ints = _aligned(n, x.stride(0), dy.stride(0), dh_arg.stride(0))
     args = (x, weight, dy, dh_arg, dx, mean, rstd, dw_part, db_part, m, *ints)
     args += (plan.groups, plan.tiles_per_program)
-    flags = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b, HAS_DH=dh is not None)
+    flags = dict(IS_RMS=is_rms, HAS_W=has_w, HAS_B=has_b and not bias_apart, HAS_DH=dh is not None)
     flags |= dict(num_warps=setting.warps, ALIGN=align)
     if setting.slice:
         meta = dict(SLICES=plan.slices, BLOCK_S=plan.block_n, CHUNK=min(setting.tile, plan.block_n))
@@ -322,6 +319,8 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
         meta = dict(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, PREFETCH=setting.prefetch)
         meta |= dict(LEAN=setting.lean, RELOAD=setting.reload)
         launch(KB.norm_bwd_block_kernel, (plan.groups,), *args, **flags, **meta)
+    if bias_apart:
+        _column_sums(dy, db_part, plan.groups)
     if plan.groups == 1:
         return dx, dw, db
     return dx, *_finish_weight_grads(dw_part, db_part, weight, bias, dev)
@@ -354,6 +353,17 @@ def _backward_split(dy, dh, x, weight, bias, mean, rstd, is_rms: bool, dx):
     grid = (column_blocks, groups)
     launch(KB.norm_bwd_tiles_kernel, grid, *tiles_args, rows_per_group, **meta, **flags)
     return dw_part, db_part
+
+
+def _column_sums(dy, part, groups: int) -> None:
+    """Σ dy over rows into `groups` rows of part (fp32 partials, or dbias itself for one)."""
+    m, n = dy.shape
+    rows_per_group = cdiv(m, groups)
+    align, (n_, stride) = _aligned(n, dy.stride(0))
+    grid = (cdiv(n, COLSUM_N), groups)
+    meta = dict(BLOCK_M=COLSUM_M, BLOCK_N=min(COLSUM_N, next_power_of_2(n)), ALIGN=align)
+    launch(KBIAS.column_sums_kernel, grid, dy, part, m, n_, stride, rows_per_group, **meta,
+           num_warps=COLSUM_WARPS)  # fmt: skip
 
 
 def _weight_grads(weight, bias, dev):

@@ -30,6 +30,10 @@ class Bwd(NamedTuple):
     # accumulators of their slice only (kernels_bwd_sliced); `tile` is then the walk's chunk.
     # 0: whole rows a program (norm_bwd_block_kernel)
     unroll: bool = False  # sliced: the row sums' walk unrolled whole, else a loop of chunks
+    bias_apart: bool = False  # LayerNorm: the bias gradient summed over dy by its own kernel
+    # (kernels_bias.column_sums_kernel), not accumulated in the fused kernel's registers beside
+    # the weight gradient's: dy is read once more, and the fused kernel has 16 registers a thread
+    # more for the rest at 16,384 elements a row on 32 warps
 
 
 # Backward, fused kernel, by (op, bytes per element), from the sweeps at 32288f2 (bf16) and
@@ -57,8 +61,9 @@ class Bwd(NamedTuple):
 # RMSNorm bf16 (reload: 73.9 and 85.1). LayerNorm fp32 stays on the split kernels: 54.5 against
 # 38.4 at best fused. Narrower rows on the same block (results/h200_sweep_norms_widths_d9dcb17,
 # split -> fused at 8448/10240/12288/14336): LayerNorm bf16 with reload 38.5/40.7/41.9/42.9 ->
-# 34.0/37.9/41.7/46.3, so it is fused from 12289 on (`fused_from`); RMSNorm and add+RMSNorm win
-# at every width in both dtypes (bf16 48.8-53.2 -> 64.5-79.6, fp32 53.8-61.8 -> 71.4-89.7).
+# 34.0/37.9/41.7/46.3, so it was fused from 12289 on (`fused_from`) until its bias gradient went
+# apart (below); RMSNorm and add+RMSNorm win at every width in both dtypes (bf16 48.8-53.2 ->
+# 64.5-79.6, fp32 53.8-61.8 -> 71.4-89.7).
 # add+RMSNorm (the kernel with HAS_DH: dh read and added to dx) takes its own, from the A/B at
 # 90e3d88 (add+RMSNorm's backward alone, before -> lean): bf16 256 96.0 -> 84.0, 512 94.8 ->
 # 95.1, 1024 81.0 -> 91.9, 2048-4096 level, 8192 95.9 -> 81.5; fp32 256-8192 81.1/74.0/78.7/
@@ -68,6 +73,14 @@ class Bwd(NamedTuple):
 # kernels -> sliced): 12,288 57.4 -> 58.8, 16,384 58.5 -> 66.6. It lost everywhere in bf16
 # (16,384: 60.7 -> 54.6 at best) and at 32,768. Not measured at 8,193-12,287, where the last
 # slice is narrow but its program still walks the whole row: the split kernels keep them.
+# LayerNorm bf16 at 8,193-16,384 sums its bias gradient apart (Bwd.bias_apart: the column sums
+# over dy, the fused kernel without the bias accumulators, 80 -> 8 B spilled a thread; ptxas,
+# sm_90a), which takes it fused from 8,193 on: the sweep at a876437 on an H100 (results/
+# h100_sweep_biasapart_a876437.txt, backward alone) gave 49.0/50.3/57.4/58.3/61.0 ->
+# 56.6/60.9/63.0/63.5/65.1 at 10,240/12,288/14,336/14,848/16,384 (the first two on the split
+# kernels before). In fp32 it lost everywhere (16,384 sliced 67.4 -> 54.6, fused 45.1). Not yet
+# measured at 8,193-10,239 (half the block masked; without the bias apart the fused kernel lost
+# to the split kernels at 8,448 on an H200, 38.5 -> 34.0) nor in fp16, which takes bf16's.
 # The last entry's widest block is the fused kernel's reach (capped by MAX_BLOCK_N); wider rows
 # take the split kernels. Keys: (op, bytes per element), fp16 taking bf16's.
 _RMS_16384 = Bwd(16384, 16384, 32, 1, prefetch=False, lean=True)
@@ -76,7 +89,7 @@ BWD_CONFIGS = {
         Bwd(256, 8192, 16, 1, lean=True),
         Bwd(2048, 4096, 4, 2, lean=True),
         Bwd(8192, 8192, 8, 1),
-        Bwd(16384, 16384, 32, 1, prefetch=False, lean=True, reload=True, fused_from=12289),
+        Bwd(16384, 16384, 32, 1, prefetch=False, lean=True, reload=True, bias_apart=True),
     ),
     ("layer_norm", 4): (
         Bwd(2048, 2048, 16, 2),
@@ -161,6 +174,10 @@ class Walk(NamedTuple):
 # (the wide kernel) -> 94.8/83.0 (4,096). LayerNorm bf16 (92.0 at best against 92.0 welford) and
 # RMSNorm bf16 (96.8 against 98.3) keep theirs; at 131,072 holding lost or gained at most 4.5
 # points in one round (not shipped: the widths between were not measured).
+# RMSNorm bf16 at 16,385-32,768 walks chunks of 8,192 on 32 warps, not one chunk of 32,768 (44%
+# of it masked at 18,432): the sweep on an H100 at 99eaec9 (results/h100_sweep_rms_walk_99eaec9,
+# 2**27 elements, the shipped before and after within 0.2), shipped -> 8,192 at 18,432 / 20,480 /
+# 24,576 / 32,768: 82.6/87.4/95.4/98.5 -> 98.9/98.8/98.6/98.4.
 # LayerNorm's mean and variance in one walk (welford; results/h200_sweep_welford_bb46f68.txt,
 # the shipped before and after in the same run): bf16 65,536 71.5 -> 79.2 (16,384 on 32 warps);
 # everywhere else slower or level (bf16 32,768 93.0 -> 89.5 at best, fp32 65,536 76.5 -> 77.8).
@@ -177,7 +194,11 @@ FWD_WALK = {
         Walk(16385, 32768, 32768, 32),
         Walk(32769, 65536, 8192, 32, hold=32768),
     ),
-    ("rms_norm", 2): (Walk(8192, 16384, 8192, 16), Walk(16385, 65536, 32768, 32, unroll=True)),
+    ("rms_norm", 2): (
+        Walk(8192, 16384, 8192, 16),
+        Walk(16385, 32768, 8192, 32),
+        Walk(32769, 65536, 32768, 32, unroll=True),
+    ),
     ("rms_norm", 4): (
         Walk(8192, 8192, 8192, 16),
         Walk(8193, 32768, 32768, 32, unroll=True),
