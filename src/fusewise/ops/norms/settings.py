@@ -34,6 +34,9 @@ class Bwd(NamedTuple):
     # (kernels_bias.column_sums_kernel), not accumulated in the fused kernel's registers beside
     # the weight gradient's: dy is read once more, and the fused kernel has 16 registers a thread
     # more for the rest at 16,384 elements a row on 32 warps
+    head: int = 0  # rows wider than this (a power of two) held as two blocks, its head and a
+    # tail of the next power of two over the rest (kernels_bwd_pieces): no registers for lanes
+    # a single block of the next power of two over the row would mask off; 0: one block
 
 
 # Backward, fused kernel, by (op, bytes per element), from the sweeps at 32288f2 (bf16) and

@@ -1,0 +1,118 @@
+"""The fused backward on rows held as a head block and a tail block (launch.Bwd.head,
+kernels_bwd_pieces): against float64, held to eager PyTorch's error in the same dtype; every op,
+with and without the next row's loads in flight, ragged and exact tails, one program (the
+gradients written directly) and several (fp32 partials), the bias apart, strided and broadcast
+rows, no weight; and rows no wider than the head on the one-block kernel. Runs the real Triton
+kernels (the interpreter on the CPU)."""
+
+import pytest
+import torch
+from norm_cases import (
+    DTYPES,
+    OPS,
+    SLACK,
+    check_backward_through_row_strides,
+    check_without_weight,
+    make_inputs,
+)
+from norm_cases import check_op as check
+
+from fusewise.ops.norms import kernels_bias as KBIAS
+from fusewise.ops.norms import kernels_bwd as KB
+from fusewise.ops.norms import kernels_bwd_pieces as KBP
+from fusewise.ops.norms import launch as L
+
+
+def _head(monkeypatch, head=64, **setting):
+    """Every backward on one setting with a head block of `head`; returns the kernels launched
+    with their constexprs."""
+    bwd = L.Bwd(**{"widest": 1 << 20, "tile": 256, "warps": 4, "per_sm": 1, "head": head} | setting)
+    monkeypatch.setattr(L, "BWD_CONFIGS", dict.fromkeys(L.BWD_CONFIGS, (bwd,)))
+    monkeypatch.setattr(L, "_programs_per_wave", lambda device: 3)
+    launched, launch = [], L.launch
+
+    def spy(kernel, grid, *args, **meta):
+        launched.append((kernel, meta))
+        return launch(kernel, grid, *args, **meta)
+
+    monkeypatch.setattr(L, "launch", spy)
+    return launched
+
+
+def _pieces(launched) -> list:
+    return [(m["HEAD"], m["TAIL"]) for k, m in launched if k is KBP.norm_bwd_pieces_kernel]
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dname", ["fp32", "bf16"])
+@pytest.mark.parametrize("prefetch", [True, False])
+@pytest.mark.parametrize(
+    "shape, tail",
+    [((37, 100), 64), ((41, 128), 64), ((5, 65), 1), ((2, 3, 96), 32)],
+)  # a ragged tail on 3 programs; an exact one; a tail of one column, one program; 3-D
+def test_two_blocks_match_float64(op, dname, prefetch, shape, tail, device, monkeypatch):
+    launched = _head(monkeypatch, prefetch=prefetch)
+    dtype = DTYPES[dname]
+    check(op, make_inputs(op, shape, dtype, device), SLACK[dtype])
+    assert _pieces(launched) == [(64, tail)]
+
+
+@pytest.mark.parametrize("dname", ["bf16", "fp16"])
+def test_two_blocks_with_fp32_parameters(dname, device, monkeypatch):
+    """16-bit activations with fp32 weight and bias: the gradients in fp32, one program and 3."""
+    _head(monkeypatch)
+    dtype = DTYPES[dname]
+    for shape in [(5, 100), (301, 100)]:
+        a = make_inputs("layer_norm", shape, dtype, device, weight_dtype=torch.float32)
+        check("layer_norm", a, SLACK[dtype])
+
+
+@pytest.mark.parametrize("rows", [5, 97])  # one program; 3 groups of partial rows
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_two_blocks_with_the_bias_apart(rows, prefetch, device, monkeypatch):
+    """LayerNorm's bias gradient by the column sums: the two-block kernel without its bias
+    accumulators."""
+    launched = _head(monkeypatch, prefetch=prefetch, bias_apart=True)
+    check("layer_norm", make_inputs("layer_norm", (rows, 100), torch.bfloat16, device), 5e-4)
+    assert [m["HAS_B"] for k, m in launched if k is KBP.norm_bwd_pieces_kernel] == [False]
+    assert [k for k, _ in launched].count(KBIAS.column_sums_kernel) == 1
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("x_rows, dy_rows", [("padded", "broadcast"), ("broadcast", "padded")])
+def test_two_blocks_read_through_row_strides(op, x_rows, dy_rows, device, monkeypatch):
+    """x and dy with padded rows (NaN between) or a row stride of 0, dh padded (add+RMSNorm)."""
+    launched = _head(monkeypatch)
+    check_backward_through_row_strides(op, x_rows, dy_rows, device)
+    assert _pieces(launched) == [(64, 64)]
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_two_blocks_without_weight(op, device, monkeypatch):
+    launched = _head(monkeypatch)
+    check_without_weight(op, torch.float32, 37, device)
+    assert _pieces(launched) == [(64, 64)]
+
+
+@pytest.mark.parametrize("n", [64, 40])
+def test_rows_within_the_head_take_one_block(n, device, monkeypatch):
+    """A row no wider than the head is one block of the next power of two over it."""
+    launched = _head(monkeypatch)
+    check("rms_norm", make_inputs("rms_norm", (9, n), torch.float32, device), 1e-6)
+    assert _pieces(launched) == []
+    assert [m["BLOCK_N"] for k, m in launched if k is KB.norm_bwd_block_kernel] == [64]
+
+
+def test_single_program_gradients_are_rounded_once(device, monkeypatch):
+    """One program writes dweight in bf16 itself: the same bits twice, and within eager's error
+    of float64 (a fixed order of sums; the rounding of round_to)."""
+    _head(monkeypatch)
+    a = make_inputs("rms_norm", (4, 100), torch.bfloat16, device)
+    assert L._backward_plan(4, 100, "rms_norm", 2, torch.device(device)).groups == 1
+    check("rms_norm", a, SLACK[torch.bfloat16])
+    x, w = a["x"].detach(), a["weight"].detach()
+    dy = torch.randn_like(x)
+    rstd = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-6)
+    first = L.norm_backward(dy, None, x, w, None, None, rstd, True)
+    again = L.norm_backward(dy, None, x, w, None, None, rstd, True)
+    assert all(torch.equal(f, g) for f, g in zip(first[:2], again[:2]))
