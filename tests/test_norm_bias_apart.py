@@ -172,8 +172,10 @@ def test_column_sums_take_dy_aligned(device, monkeypatch):
 
 @pytest.mark.parametrize("dname", ["bf16", "fp16"])
 @pytest.mark.parametrize("rows", [2, 3])  # one group (dbias itself); three
-def test_shipped_setting_at_8193(rows, dname, device):
-    """The shipped 16-bit LayerNorm setting at 8,193 (newly fused: half its block masked)."""
-    assert L.bwd_config(8193, "layer_norm")[2].bias_apart
+def test_shipped_setting_at_12289(rows, dname, device):
+    """The shipped 16-bit LayerNorm setting at its narrowest, 12,289 (a quarter of its block
+    masked; narrower rows take two blocks)."""
+    assert L.bwd_config(12289, "layer_norm")[2].bias_apart
+    assert not L.bwd_config(12288, "layer_norm")[2].bias_apart
     dtype = DTYPES[dname]
-    check("layer_norm", make_inputs("layer_norm", (rows, 8193), dtype, device), SLACK[dtype])
+    check("layer_norm", make_inputs("layer_norm", (rows, 12289), dtype, device), SLACK[dtype])

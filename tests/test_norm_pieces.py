@@ -116,3 +116,24 @@ def test_single_program_gradients_are_rounded_once(device, monkeypatch):
     first = L.norm_backward(dy, None, x, w, None, None, rstd, True)
     again = L.norm_backward(dy, None, x, w, None, None, rstd, True)
     assert all(torch.equal(f, g) for f, g in zip(first[:2], again[:2]))
+
+
+def _shipped_two_blocks():
+    """(op, element size, narrowest, widest row) of each shipped two-block setting."""
+    for (op, size), settings in L.BWD_CONFIGS.items():
+        reach = 0  # the widest row an earlier two-block setting of the op takes
+        for setting in settings:
+            if setting.head:
+                yield op, size, max(setting.head, reach) + 1, setting.head + setting.tail
+                reach = setting.head + setting.tail
+
+
+@pytest.mark.parametrize("op, size, narrowest, widest", sorted(_shipped_two_blocks()))
+def test_shipped_two_block_settings_at_their_edges(op, size, narrowest, widest, device):
+    """Each shipped two-block setting at its narrowest row, its widest and a width 16 does not
+    divide, more rows than programs: that setting taken, against float64."""
+    dtype = torch.bfloat16 if size == 2 else torch.float32
+    for n in (narrowest, widest - 13, widest):
+        setting = L.bwd_config(n, op, size)[2]
+        assert (setting.head, setting.head + setting.tail) == (8192, widest), n
+        check(op, make_inputs(op, (4, n), dtype, device), SLACK[dtype])

@@ -101,7 +101,9 @@ def bwd_config(n: int, op: str, element_size: int = 2) -> tuple[int, int, Bwd]:
     of n elements of element_size bytes (fp16 takes bf16's settings)."""
     block_n = next_power_of_2(n)
     configs = BWD_CONFIGS[op, element_size]
-    setting = next((c for c in configs if block_n <= c.widest), configs[-1])
+    # the first setting whose block holds the row and, for two blocks, whose tail does
+    fits = (c for c in configs if block_n <= c.widest and (not c.head or n <= c.head + c.tail))
+    setting = next(fits, configs[-1])
     if setting.slice:  # one row a program, BLOCK_N its slice
         return 1, min(block_n, setting.slice), setting
     if n > setting.head > 0:  # one row a tile, BLOCK_N its head block (Bwd.head)
