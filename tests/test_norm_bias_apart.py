@@ -6,7 +6,13 @@ sliced backward, and no bias. Runs the real Triton kernels (the interpreter on t
 
 import pytest
 import torch
-from norm_cases import DTYPES, SLACK, check_backward_through_row_strides, make_inputs
+from norm_cases import (
+    DTYPES,
+    SLACK,
+    check_backward_through_row_strides,
+    make_inputs,
+    one_backward_setting,
+)
 from norm_cases import check_op as check
 
 from fusewise.ops.norms import kernels_bias as KBIAS
@@ -16,20 +22,8 @@ from fusewise.ops.norms import launch as L
 
 
 def _apart(monkeypatch, **setting):
-    """Every backward on one bias_apart setting; returns the kernels launched, with their
-    constexprs, as they are launched."""
-    bwd = L.Bwd(**{"widest": 1 << 20, "tile": 256, "warps": 4, "per_sm": 1} | setting)
-    monkeypatch.setattr(L, "BWD_CONFIGS", dict.fromkeys(L.BWD_CONFIGS, (bwd,)))
-    # the interpreter's 3 programs a wave on the GPU too, so the groups asserted are the same
-    monkeypatch.setattr(L, "_programs_per_wave", lambda device: 3)
-    launched, launch = [], L.launch
-
-    def spy(kernel, grid, *args, **meta):
-        launched.append((kernel, meta))
-        return launch(kernel, grid, *args, **meta)
-
-    monkeypatch.setattr(L, "launch", spy)
-    return launched
+    """Every backward on one setting (norm_cases): the kernels launched, with their constexprs."""
+    return one_backward_setting(monkeypatch, **setting)
 
 
 def _fused_has_b(launched) -> list:

@@ -14,6 +14,7 @@ from norm_cases import (
     check_backward_through_row_strides,
     check_without_weight,
     make_inputs,
+    one_backward_setting,
 )
 from norm_cases import check_op as check
 
@@ -24,19 +25,8 @@ from fusewise.ops.norms import launch as L
 
 
 def _head(monkeypatch, head=64, **setting):
-    """Every backward on one setting with a head block of `head`; returns the kernels launched
-    with their constexprs."""
-    bwd = L.Bwd(**{"widest": 1 << 20, "tile": 256, "warps": 4, "per_sm": 1, "head": head} | setting)
-    monkeypatch.setattr(L, "BWD_CONFIGS", dict.fromkeys(L.BWD_CONFIGS, (bwd,)))
-    monkeypatch.setattr(L, "_programs_per_wave", lambda device: 3)
-    launched, launch = [], L.launch
-
-    def spy(kernel, grid, *args, **meta):
-        launched.append((kernel, meta))
-        return launch(kernel, grid, *args, **meta)
-
-    monkeypatch.setattr(L, "launch", spy)
-    return launched
+    """Every backward on one setting with a head block of `head` (norm_cases)."""
+    return one_backward_setting(monkeypatch, head=head, **setting)
 
 
 def _pieces(launched) -> list:
