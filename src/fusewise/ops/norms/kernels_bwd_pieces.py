@@ -110,22 +110,26 @@ def norm_bwd_pieces_kernel(
     w_tail = tl.load(W + tail, mask=tail < N, other=0.0) if HAS_W else None
     dw_head, db_head = tl.zeros([HEAD], tl.float32), tl.zeros([HEAD], tl.float32)
     dw_tail, db_tail = tl.zeros([TAIL], tl.float32), tl.zeros([TAIL], tl.float32)
-    if PREFETCH:  # rows past the last load nothing (masked off)
-        ok = pid < M
-        nxt_head = _load_row(X, DY, pid, stride_x, stride_dy, head, (head < N) & ok)
-        nxt_tail = _load_row(X, DY, pid, stride_x, stride_dy, tail, (tail < N) & ok)
+    # a row past the last is masked off whole: its columns compared with a width of 0 (one
+    # comparison: a row bound and'ed with the columns' came out as integers, not booleans, under
+    # Triton 3.9's interpreter, which then refused them as load masks)
+    if PREFETCH:
+        width = tl.where(pid < M, N, 0)
+        nxt_head = _load_row(X, DY, pid, stride_x, stride_dy, head, head < width)
+        nxt_tail = _load_row(X, DY, pid, stride_x, stride_dy, tail, tail < width)
         nxt_stats = _stats(Mean, Rstd, pid, M, IS_RMS)
     for i in range(0, tiles_per_program):
         row = pid + i * n_programs
-        ok = row < M
-        mask_head, mask_tail = (head < N) & ok, (tail < N) & ok
+        width = tl.where(row < M, N, 0)
+        mask_head, mask_tail = head < width, tail < width
         if PREFETCH:
             xh, dyh = nxt_head
             xt, dyt = nxt_tail
             mean, rstd = nxt_stats
-            nxt, nxt_ok = row + n_programs, row + n_programs < M
-            nxt_head = _load_row(X, DY, nxt, stride_x, stride_dy, head, (head < N) & nxt_ok)
-            nxt_tail = _load_row(X, DY, nxt, stride_x, stride_dy, tail, (tail < N) & nxt_ok)
+            nxt = row + n_programs
+            nxt_width = tl.where(nxt < M, N, 0)
+            nxt_head = _load_row(X, DY, nxt, stride_x, stride_dy, head, head < nxt_width)
+            nxt_tail = _load_row(X, DY, nxt, stride_x, stride_dy, tail, tail < nxt_width)
             nxt_stats = _stats(Mean, Rstd, nxt, M, IS_RMS)
         else:
             xh, dyh = _load_row(X, DY, row, stride_x, stride_dy, head, mask_head)
