@@ -78,9 +78,10 @@ class Bwd(NamedTuple):
 # sm_90a), which takes it fused from 8,193 on: the sweep at a876437 on an H100 (results/
 # h100_sweep_biasapart_a876437.txt, backward alone) gave 49.0/50.3/57.4/58.3/61.0 ->
 # 56.6/60.9/63.0/63.5/65.1 at 10,240/12,288/14,336/14,848/16,384 (the first two on the split
-# kernels before). In fp32 it lost everywhere (16,384 sliced 67.4 -> 54.6, fused 45.1). Not yet
-# measured at 8,193-10,239 (half the block masked; without the bias apart the fused kernel lost
-# to the split kernels at 8,448 on an H200, 38.5 -> 34.0) nor in fp16, which takes bf16's.
+# kernels before). In fp32 it lost everywhere (16,384 sliced 67.4 -> 54.6, fused 45.1). Against
+# the setting before it, forward+backward (results/h100_ab_biasapart_274b591.csv, alternated
+# processes, two rounds): bf16 x1.046/x1.055/x1.103/x1.141/x1.073 at 8,704/9,216/10,240/12,288/
+# 16,384, fp16 (which takes bf16's) x1.038-x1.120.
 # The last entry's widest block is the fused kernel's reach (capped by MAX_BLOCK_N); wider rows
 # take the split kernels. Keys: (op, bytes per element), fp16 taking bf16's.
 _RMS_16384 = Bwd(16384, 16384, 32, 1, prefetch=False, lean=True)
