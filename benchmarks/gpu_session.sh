@@ -109,10 +109,10 @@ for what in "$@"; do
       C="$OUT/ab_src.csv"
       for r in $(seq ${AB_ROUNDS:-2}); do for v in old new; do
         P=$PWD/src; [ $v = old ] && P=$PWD/$AB_OLD
-        PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout 90 python benchmarks/with_tag.py $v \
+        PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout ${AB_S:-90} python benchmarks/with_tag.py $v \
           benchmarks/bench_rotary.py --dtypes bf16 --providers fusewise,liger --csv $C \
           > "/tmp/ab_rotary_${v}_$r.txt" 2>&1
-        PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout 90 python benchmarks/with_tag.py $v \
+        PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout ${AB_S:-90} python benchmarks/with_tag.py $v \
           benchmarks/bench_gated.py --shapes 16384x5632:bf16,16384x14336:bf16 \
           --modes fwd@graph,fwd_bwd@graph --providers fusewise,liger --csv $C \
           > "/tmp/ab_gated_${v}_$r.txt" 2>&1
@@ -146,7 +146,7 @@ for what in "$@"; do
       C="$OUT/host_ab.csv"
       for r in $(seq ${AB_ROUNDS:-2}); do for v in old new; do
         P=$PWD/src; [ $v = old ] && P=$PWD/$AB_OLD
-        PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout 90 python benchmarks/with_tag.py $v \
+        PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout ${AB_S:-90} python benchmarks/with_tag.py $v \
           benchmarks/host_overhead.py --csv $C > "/tmp/host_${v}_$r.txt" 2>&1
         PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout 120 python benchmarks/with_tag.py $v \
           benchmarks/bench_norms.py --dtypes bf16 --widths 256,4096,16384 \
@@ -163,7 +163,7 @@ for what in "$@"; do
       C="$OUT/ab_fwd.csv"
       for r in $(seq ${AB_ROUNDS:-2}); do for v in old new; do
         P=$PWD/${AB_NEW:-src}; [ $v = old ] && P=$PWD/$AB_OLD
-        PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout 90 python benchmarks/with_tag.py $v \
+        PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout ${AB_S:-90} python benchmarks/with_tag.py $v \
           benchmarks/bench_norms.py --modes ${AB_MODES:-fwd} --timings graph --dtypes ${AB_DTYPES:-bf16} \
           --ops ${AB_OPS:-layer_norm,rms_norm,add_rms_norm} \
           --widths ${AB_WIDTHS:-256,1024,4096,8192,16384,32768} --providers fusewise --csv $C \
