@@ -27,6 +27,7 @@ from triton.backends.compiler import GPUTarget
 
 from fusewise.ops.norms import kernels as K
 from fusewise.ops.norms import kernels_bwd as KB
+from fusewise.ops.norms import kernels_bwd_pieces as KBP
 from fusewise.ops.norms import kernels_bwd_sliced as KBS
 from fusewise.ops.norms import launch as L
 
@@ -110,6 +111,11 @@ def backward(op: str, size: int, width: int) -> tuple[str, dict]:
         label = label.replace("s.", "")
         return label, _counts(_compile(KBS.norm_bwd_sliced_kernel, args, constants, s.warps))
     args |= dict(n_programs="i32", tiles_per_program="i32")
+    if width > block_n:  # a head block and a tail block (Bwd.head)
+        tail = 1 << (width - block_n - 1).bit_length()
+        constants = flags | dict(HEAD=block_n, TAIL=tail, PREFETCH=s.prefetch, ALIGN=1)
+        label = f"bwd head {block_n} tail {tail} warps={s.warps} prefetch={s.prefetch}"
+        return label, _counts(_compile(KBP.norm_bwd_pieces_kernel, args, constants, s.warps))
     constants = dict(
         **flags,
         BLOCK_M=block_m,

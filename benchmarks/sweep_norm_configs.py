@@ -28,6 +28,7 @@ the largest output), so a kernel that races shows. Parts (--parts):
   sliced    the backward with a row's columns shared out among programs (Bwd.slice): slice,
             chunk, warps, programs a multiprocessor, at 12,288-65,536, against the shipped
   biasapart LayerNorm's bias gradient by its own column sums (Bwd.bias_apart), 8,193-16,384
+  pieces    the fused backward on rows of 8,193-16,384 held as two blocks (Bwd.head)
   split     the split backward (rows past the fused kernel's reach): tile rows, columns, warps,
             waves; the row sums' warps and unrolled loads
 
@@ -196,6 +197,24 @@ def settings(part: str, op: str):
             sums = dict(zip(("COLSUM_M", "COLSUM_N", "COLSUM_WARPS"), colsum))
             yield f"apart {label}", {"BWD_CONFIGS": configs, **sums}
         yield "shipped#2", {}
+    elif part == "pieces":
+        # rows of 8,193-16,384 held as a head block of 8,192 and a tail block (Bwd.head,
+        # kernels_bwd_pieces) on 8, 16 or 32 warps, with and without the next row's loads in
+        # flight, LayerNorm's bias gradient in the kernel or apart; against the shipped
+        yield "shipped#1", {}
+        for warps, prefetch, apart in itertools.product((8, 16, 32), (True, False), (False, True)):
+            if (warps == 32 and prefetch) or (warps == 8 and not prefetch):
+                continue  # 32 warps: 64 registers a thread, no room for a second row; 8
+                # warps: the next row's loads are what keep them busy
+            if apart and op != "layer_norm":
+                continue
+            head = L.Bwd(16384, 16384, warps, 1, prefetch=prefetch, bias_apart=apart, head=8192)
+            configs = {**L.BWD_CONFIGS}
+            for size in (2, 4):
+                configs[op, size] = configs[op, size][:-1] + (head,)
+            label = f"head 8192 w{warps}{' prefetch' * prefetch}{' bias apart' * apart}"
+            yield label, {"BWD_CONFIGS": configs}
+        yield "shipped#2", {}
     elif part == "fwdcache":
         # launch.FWD_CACHE 0 (shipped), 1 (y streamed), 2 (and the wide kernel's loads with
         # eviction policies), alternated over two rounds
@@ -321,6 +340,7 @@ WIDTHS = {
     "split": WIDE_WIDTHS,
     "sliced": [12288, 16384, 32768, 65536],
     "biasapart": [8704, 9216, 10240, 12288, 14848, 16384],
+    "pieces": [8704, 9216, 10240, 12288, 14848],
 }
 
 

@@ -188,3 +188,21 @@ def check_backward_through_row_strides(op, x_rows, dy_rows, device):
         assert (g is None) == (r is None)
         if g is not None:
             assert rel_err(g, r) < 1e-5
+
+
+def one_backward_setting(monkeypatch, **setting):
+    """Every norm backward on one fused setting (launch.Bwd's fields over a default of tiles of
+    256 on 4 warps, any width), 3 programs a wave on the GPU too (so the groups a test asserts
+    are the same there); returns the kernels launched, with their constexprs, as launched."""
+    L = norm_launch
+    bwd = L.Bwd(**{"widest": 1 << 20, "tile": 256, "warps": 4, "per_sm": 1} | setting)
+    monkeypatch.setattr(L, "BWD_CONFIGS", dict.fromkeys(L.BWD_CONFIGS, (bwd,)))
+    monkeypatch.setattr(L, "_programs_per_wave", lambda device: 3)
+    launched, launch = [], L.launch
+
+    def spy(kernel, grid, *args, **meta):
+        launched.append((kernel, meta))
+        return launch(kernel, grid, *args, **meta)
+
+    monkeypatch.setattr(L, "launch", spy)
+    return launched

@@ -6,7 +6,13 @@ sliced backward, and no bias. Runs the real Triton kernels (the interpreter on t
 
 import pytest
 import torch
-from norm_cases import DTYPES, SLACK, check_backward_through_row_strides, make_inputs
+from norm_cases import (
+    DTYPES,
+    SLACK,
+    check_backward_through_row_strides,
+    make_inputs,
+    one_backward_setting,
+)
 from norm_cases import check_op as check
 
 from fusewise.ops.norms import kernels_bias as KBIAS
@@ -16,20 +22,8 @@ from fusewise.ops.norms import launch as L
 
 
 def _apart(monkeypatch, **setting):
-    """Every backward on one bias_apart setting; returns the kernels launched, with their
-    constexprs, as they are launched."""
-    bwd = L.Bwd(**{"widest": 1 << 20, "tile": 256, "warps": 4, "per_sm": 1} | setting)
-    monkeypatch.setattr(L, "BWD_CONFIGS", dict.fromkeys(L.BWD_CONFIGS, (bwd,)))
-    # the interpreter's 3 programs a wave on the GPU too, so the groups asserted are the same
-    monkeypatch.setattr(L, "_programs_per_wave", lambda device: 3)
-    launched, launch = [], L.launch
-
-    def spy(kernel, grid, *args, **meta):
-        launched.append((kernel, meta))
-        return launch(kernel, grid, *args, **meta)
-
-    monkeypatch.setattr(L, "launch", spy)
-    return launched
+    """Every backward on one setting (norm_cases): the kernels launched, with their constexprs."""
+    return one_backward_setting(monkeypatch, **setting)
 
 
 def _fused_has_b(launched) -> list:
@@ -172,8 +166,10 @@ def test_column_sums_take_dy_aligned(device, monkeypatch):
 
 @pytest.mark.parametrize("dname", ["bf16", "fp16"])
 @pytest.mark.parametrize("rows", [2, 3])  # one group (dbias itself); three
-def test_shipped_setting_at_8193(rows, dname, device):
-    """The shipped 16-bit LayerNorm setting at 8,193 (newly fused: half its block masked)."""
-    assert L.bwd_config(8193, "layer_norm")[2].bias_apart
+def test_shipped_setting_at_12289(rows, dname, device):
+    """The shipped 16-bit LayerNorm setting at its narrowest, 12,289 (a quarter of its block
+    masked; narrower rows take two blocks)."""
+    assert L.bwd_config(12289, "layer_norm")[2].bias_apart
+    assert not L.bwd_config(12288, "layer_norm")[2].bias_apart
     dtype = DTYPES[dname]
-    check("layer_norm", make_inputs("layer_norm", (rows, 8193), dtype, device), SLACK[dtype])
+    check("layer_norm", make_inputs("layer_norm", (rows, 12289), dtype, device), SLACK[dtype])

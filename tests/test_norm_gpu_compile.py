@@ -19,6 +19,7 @@ from triton.backends.compiler import GPUTarget
 from fusewise.ops.norms import kernels as K
 from fusewise.ops.norms import kernels_bias as KBIAS
 from fusewise.ops.norms import kernels_bwd as KB
+from fusewise.ops.norms import kernels_bwd_pieces as KBP
 from fusewise.ops.norms import kernels_bwd_sliced as KBS
 from fusewise.ops.norms import kernels_walk as KW
 
@@ -141,6 +142,14 @@ for dtype, (is_rms, has_res) in itertools.product(
         assert not stores or re.search(r"st\.global[.\w:]*\.v4\.b32", ptx), fn.__name__
         ptx = compile_for_gpu(fn, args, dict(meta, ALIGN=1), 4, aligned=set())
         assert not re.search(r"ld\.global[.\w:]*\.v4\.b32", ptx), fn.__name__
+# rows as a head block and a tail block (Bwd.head): LayerNorm bf16 with the next row's loads in
+# flight, RMSNorm fp32 at its turn, as launched: one row a tile, N past the head
+pieces = dict(fused)
+for dtype, is_rms in (("*bf16", False), ("*fp32", True)):
+    pieces |= dict.fromkeys(("X", "W", "DY", "DH", "DX"), dtype)
+    meta = dict(IS_RMS=is_rms, HAS_W=True, HAS_B=not is_rms, HAS_DH=False, HEAD=8192, TAIL=512)
+    meta |= dict(PREFETCH=not is_rms, ALIGN=1)
+    compile_for_gpu(KBP.norm_bwd_pieces_kernel, pieces, meta, 8)
 print("compiled", compiled)
 """
 
@@ -155,5 +164,6 @@ def test_kernels_compile_for_the_gpu():
     # 0-2 + 3 walks as launched: one ragged chunk, a held part's ragged rest, no weight + 2
     # sliced backwards + 3 forward and 4 backward kernels with ALIGN = 8 and 1, unaligned) +
     # walks: 8 LayerNorm, 4 for each RMS op + LayerNorm's column sums with ALIGN = 8 and 1,
-    # into fp32 partials) + the column sums into bf16 (one group's dbias), ALIGN = 8 and 1
-    assert done.stdout.split() == ["compiled", "206"]
+    # into fp32 partials) + the column sums into bf16 (one group's dbias), ALIGN = 8 and 1 +
+    # two of the two-block backward
+    assert done.stdout.split() == ["compiled", "208"]

@@ -19,6 +19,7 @@ from norm_cases import (
 from norm_cases import check_op as check
 
 from fusewise.ops.norms import launch as norm_launch
+from fusewise.ops.norms.settings import _RMS_16384
 
 # the forward plan's flags (IS_RMS, HAS_W, HAS_B, HAS_RES) of each op with its weight and bias
 FLAGS = {"layer_norm": (0, 1, 1, 0), "rms_norm": (1, 1, 0, 0), "add_rms_norm": (1, 1, 0, 1)}
@@ -73,11 +74,17 @@ def test_split_backward_row_tiles_and_groups(op, dname, device, monkeypatch):
     check(op, make_inputs(op, (45, 300), dtype, device), SLACK[dtype])
 
 
-@pytest.mark.parametrize("n", [8192, 8195])
+@pytest.mark.parametrize("n", [8192, 8195, 16387])
 def test_layer_norm_backward_of_a_huge_constant_row_is_finite(n, device):
     """A constant row (variance 0, rstd = eps**-0.5) of 2**110 with BERT's eps: x̂ of a column
-    past N would be -inf. Both backward paths (fused at 8192, split at 8195: a ragged last chunk)
-    must keep it out of the row sums, as the float64 reference does."""
+    past N would be -inf. Every backward path (one block at 8192, two blocks at 8195, the split
+    kernels at 16,387: ragged last chunks) must keep it out of the row sums, as the float64
+    reference does."""
+    two_blocks = bool(norm_launch.bwd_config(n, "layer_norm", 4)[2].head)
+    split = norm_launch.use_wide_path(n, True, "layer_norm", 4)
+    assert (two_blocks, split) == {8192: (False, False), 8195: (True, False), 16387: (False, True)}[
+        n
+    ]
     torch.manual_seed(0)
     x = torch.randn(2, n, device=device)
     x[0] = 2.0**110
@@ -114,10 +121,12 @@ def test_backward_paths_by_width():
     # LayerNorm fp32 at 12,288-16,384: two slices of 8,192 (rows' columns shared out); the
     # narrower rows of that block on the split kernels
     sliced = Bwd(16384, 4096, 16, 1, slice=8192, fused_from=12288)
-    assert L.bwd_config(12288, "layer_norm", 4) == (1, 8192, sliced)
-    assert L.use_wide_path(8193, True, "layer_norm", 4)
-    assert L.use_wide_path(12287, True, "layer_norm", 4)
-    assert not L.use_wide_path(12288, True, "layer_norm", 4)
+    assert L.bwd_config(12289, "layer_norm", 4) == (1, 8192, sliced)
+    # ... and at 8,193-12,288 a head block of 8,192 and a tail of up to 4,096 (Bwd.head)
+    two_blocks = Bwd(16384, 16384, 16, 1, prefetch=False, head=8192, tail=4096)
+    for n in (8193, 12287, 12288):
+        assert L.bwd_config(n, "layer_norm", 4) == (1, 8192, two_blocks), n
+        assert not L.use_wide_path(n, True, "layer_norm", 4), n
     assert not L.use_wide_path(16384, True, "layer_norm", 4)
     assert L.use_wide_path(16385, True, "layer_norm", 4)
     assert L.bwd_config(4096, "layer_norm") == (2, 4096, Bwd(8192, 8192, 8, 1))
@@ -139,11 +148,27 @@ def test_backward_paths_by_width():
         assert not L.use_wide_path(16384, True, op, size)
         assert L.use_wide_path(16385, True, op, size)
         assert L.bwd_config(16384, op, size) == (1, 16384, Bwd(16384, 16384, 32, 1, False, True))
-    # ... with its bias gradient summed apart, fused from 8193 on
+    # ... with its bias gradient summed apart, past two blocks' reach
     setting = Bwd(16384, 16384, 32, 1, prefetch=False, lean=True, reload=True, bias_apart=True)
-    for n in (8193, 12288, 12289, 16384):
+    for n in (12289, 16384):
         assert L.bwd_config(n, "layer_norm") == (1, 16384, setting), n
         assert not L.use_wide_path(n, True, "layer_norm", 2), n
+    # two blocks: a head of 8,192 and a tail, the setting by the tail's width
+    for op, size, n, warps, tail in [
+        ("layer_norm", 2, 8193, 8, 1024),
+        ("layer_norm", 2, 9216, 8, 1024),
+        ("layer_norm", 2, 9217, 16, 4096),
+        ("layer_norm", 2, 12288, 16, 4096),
+        ("rms_norm", 2, 9216, 8, 1024),
+        ("rms_norm", 4, 10240, 16, 2048),
+        ("add_rms_norm", 4, 9216, 16, 1024),
+    ]:
+        block_m, block_n, s = L.bwd_config(n, op, size)
+        assert (block_m, block_n, s.head, s.tail, s.warps) == (1, 8192, 8192, tail, warps), n
+        assert s.prefetch == (warps == 8)
+    for op, size, n in [("rms_norm", 2, 9217), ("rms_norm", 4, 10241), ("add_rms_norm", 4, 9217)]:
+        assert L.bwd_config(n, op, size)[1:] == (16384, _RMS_16384), (op, size, n)
+    assert all(L.bwd_config(n, "add_rms_norm")[1] == 16384 for n in (8193, 12288))
     assert not L.bwd_config(16384, "layer_norm", 4)[2].bias_apart  # fp32: it lost there
     assert L.use_wide_path(16385, True, "layer_norm", 2)
     assert L.bwd_config(8192, "layer_norm")[2] == Bwd(8192, 8192, 8, 1)

@@ -19,6 +19,7 @@ from .._launch import _I32_MAX, cdiv, launch, next_power_of_2, sm_count
 from . import kernels as K
 from . import kernels_bias as KBIAS
 from . import kernels_bwd as KB
+from . import kernels_bwd_pieces as KBP
 from . import kernels_bwd_sliced as KBS
 from . import kernels_walk as KW
 
@@ -100,9 +101,13 @@ def bwd_config(n: int, op: str, element_size: int = 2) -> tuple[int, int, Bwd]:
     of n elements of element_size bytes (fp16 takes bf16's settings)."""
     block_n = next_power_of_2(n)
     configs = BWD_CONFIGS[op, element_size]
-    setting = next((c for c in configs if block_n <= c.widest), configs[-1])
+    # the first setting whose block holds the row and, for two blocks, whose tail does
+    fits = (c for c in configs if block_n <= c.widest and (not c.head or n <= c.head + c.tail))
+    setting = next(fits, configs[-1])
     if setting.slice:  # one row a program, BLOCK_N its slice
         return 1, min(block_n, setting.slice), setting
+    if n > setting.head > 0:  # one row a tile, BLOCK_N its head block (Bwd.head)
+        return 1, setting.head, setting
     return max(1, setting.tile // block_n), block_n, setting
 
 
@@ -123,7 +128,10 @@ def _fused_setting(n: int, op: str, element_size: int) -> tuple[int, int, Bwd] |
     if n > BWD_CONFIGS[op, element_size][-1].widest:
         return None
     config = bwd_config(n, op, element_size)
-    return None if config[1] > MAX_BLOCK_N or n < config[2].fused_from else config
+    setting = config[2]
+    # a row past a two-block setting's reach (the table's last, taken by default) is split
+    past_tail = setting.head and n > setting.head + setting.tail
+    return None if config[1] > MAX_BLOCK_N or n < setting.fused_from or past_tail else config
 
 
 def _partials(rows: int, n: int, has_w: bool, has_b: bool, dev):
@@ -243,7 +251,7 @@ class _BwdPlan(NamedTuple):
     settings: tuple  # BWD_CONFIGS, its entry for the op, MAX_BLOCK_N, SINGLE_PROGRAM_ELEMENTS
     # when it was made (held, compared by identity: tests and sweeps replace them)
     block_m: int
-    block_n: int  # the row's block, or a program's slice of it (Bwd.slice)
+    block_n: int  # the row's block, a program's slice of it (Bwd.slice) or its head (Bwd.head)
     setting: Bwd
     groups: int  # rows of the weight-gradient partials: programs taking the same rows count once
     slices: int  # programs a row's columns are shared out among (1: whole rows a program)
@@ -315,6 +323,10 @@ def norm_backward(dy, dh, x, weight, bias, mean, rstd, is_rms: bool):
         meta = dict(SLICES=plan.slices, BLOCK_S=plan.block_n, CHUNK=min(setting.tile, plan.block_n))
         meta |= dict(UNROLL=setting.unroll)
         launch(KBS.norm_bwd_sliced_kernel, (plan.groups * plan.slices,), *args, **flags, **meta)
+    elif n > plan.block_n:  # a head block and a tail block (Bwd.head); else one block of n
+        meta = dict(HEAD=plan.block_n, TAIL=next_power_of_2(n - plan.block_n))
+        meta["PREFETCH"] = setting.prefetch
+        launch(KBP.norm_bwd_pieces_kernel, (plan.groups,), *args, **flags, **meta)
     else:
         meta = dict(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, PREFETCH=setting.prefetch)
         meta |= dict(LEAN=setting.lean, RELOAD=setting.reload)
@@ -380,19 +392,7 @@ def _finish_weight_grads(dw_part, db_part, weight, bias, dev):
     if part is None:  # neither weight nor bias
         return None, None
     n = part.shape[1]
-    launch(
-        KB.sum_partials_kernel,
-        (cdiv(n, 128),),
-        dw_part,
-        db_part,
-        dw,
-        db,
-        part.shape[0],
-        n,
-        HAS_W=weight is not None,
-        HAS_B=bias is not None,
-        BLOCK_P=32,
-        BLOCK_N=128,
-        num_warps=4,
-    )
+    flags = dict(HAS_W=weight is not None, HAS_B=bias is not None)
+    launch(KB.sum_partials_kernel, (cdiv(n, 128),), dw_part, db_part, dw, db, part.shape[0], n,
+           **flags, BLOCK_P=32, BLOCK_N=128, num_warps=4)  # fmt: skip
     return dw, db

@@ -34,6 +34,11 @@ class Bwd(NamedTuple):
     # (kernels_bias.column_sums_kernel), not accumulated in the fused kernel's registers beside
     # the weight gradient's: dy is read once more, and the fused kernel has 16 registers a thread
     # more for the rest at 16,384 elements a row on 32 warps
+    head: int = 0  # rows wider than this (a power of two) held as two blocks, its head and a
+    # tail of the next power of two over the rest (kernels_bwd_pieces): no registers for lanes
+    # a single block of the next power of two over the row would mask off; 0: one block
+    tail: int = 0  # with head: the widest tail block (a power of two); rows past head + tail
+    # go on to the next setting
 
 
 # Backward, fused kernel, by (op, bytes per element), from the sweeps at 32288f2 (bf16) and
@@ -72,38 +77,65 @@ class Bwd(NamedTuple):
 # the sliced sweep at 3411063 on an H100, results/h100_sweep_sliced_3411063.txt, shipped split
 # kernels -> sliced): 12,288 57.4 -> 58.8, 16,384 58.5 -> 66.6. It lost everywhere in bf16
 # (16,384: 60.7 -> 54.6 at best) and at 32,768. Not measured at 8,193-12,287, where the last
-# slice is narrow but its program still walks the whole row: the split kernels keep them.
-# LayerNorm bf16 at 8,193-16,384 sums its bias gradient apart (Bwd.bias_apart: the column sums
+# slice is narrow but its program still walks the whole row: two blocks take them (below).
+# LayerNorm bf16 at 12,289-16,384 sums its bias gradient apart (Bwd.bias_apart: the column sums
 # over dy, the fused kernel without the bias accumulators, 80 -> 8 B spilled a thread; ptxas,
-# sm_90a), which takes it fused from 8,193 on: the sweep at a876437 on an H100 (results/
-# h100_sweep_biasapart_a876437.txt, backward alone) gave 49.0/50.3/57.4/58.3/61.0 ->
-# 56.6/60.9/63.0/63.5/65.1 at 10,240/12,288/14,336/14,848/16,384 (the first two on the split
-# kernels before). In fp32 it lost everywhere (16,384 sliced 67.4 -> 54.6, fused 45.1). Against
-# the setting before it, forward+backward (results/h100_ab_biasapart_274b591.csv, alternated
-# processes, two rounds): bf16 x1.046/x1.055/x1.103/x1.141/x1.073 at 8,704/9,216/10,240/12,288/
-# 16,384, fp16 (which takes bf16's) x1.038-x1.120.
+# sm_90a): the sweep at a876437 on an H100 (results/h100_sweep_biasapart_a876437.txt, backward
+# alone) gave 57.4/58.3/61.0 -> 63.0/63.5/65.1 at 14,336/14,848/16,384, and the A/B at 274b591
+# (results/h100_ab_biasapart_274b591.csv, forward+backward) x1.073 at 16,384 in bf16, x1.085 in
+# fp16 (which takes bf16's). In fp32 it lost everywhere (16,384 sliced 67.4 -> 54.6, fused 45.1).
+# Narrower rows take two blocks (below), with the bias accumulated in the kernel.
+# Rows of 8,193-12,288 held as a head block of 8,192 and a tail block (Bwd.head, Bwd.tail), from
+# the sweep on an H100 (results/h100_sweep_pieces_3126e87.txt, 2**27 elements, backward alone,
+# % of the copy ceiling, the shipped before and after within 0.8), shipped -> two blocks at
+# 8,704 / 9,216 / 10,240 / 12,288:
+# LayerNorm bf16 51.8/53.6/56.7/61.2 -> 81.0/75.0 (8 warps, the next row's loads in flight, the
+#   bias gradient in the kernel) and 63.5/65.9 (16 warps, loads at their turn);
+# LayerNorm fp32 (split kernels to 12,287, then sliced) 55.1/55.3/57.0/58.8 -> 89.6/89.8/81.7/79.2
+#   (16 warps);
+# RMSNorm bf16 84.1/85.0 -> 95.8/96.1 (8 warps, next row in flight; level at 10,240, 93.1 ->
+#   87.2 at best at 12,288); RMSNorm fp32 91.9/92.0/95.0 -> 96.2/96.5/98.0 (16 warps; 95.9 ->
+#   94.1 at 12,288); add+RMSNorm fp32 94.2/94.3 -> 97.0/97.8 (16 warps; +1.2 at 10,240 on 32).
+# add+RMSNorm bf16 keeps one block: +2.7 at 8,704, slower from 9,216. Every op lost at 14,848
+# (a tail of 8,192: the one block's lanes, on fewer warps).
 # The last entry's widest block is the fused kernel's reach (capped by MAX_BLOCK_N); wider rows
 # take the split kernels. Keys: (op, bytes per element), fp16 taking bf16's.
 _RMS_16384 = Bwd(16384, 16384, 32, 1, prefetch=False, lean=True)
+
+
+def _two_blocks(warps: int, tail: int, prefetch: bool) -> Bwd:
+    """Rows of 8,193 to 8,192 + tail as a head block of 8,192 and a tail block."""
+    return Bwd(16384, 16384, warps, 1, prefetch=prefetch, head=8192, tail=tail)
+
+
 BWD_CONFIGS = {
     ("layer_norm", 2): (
         Bwd(256, 8192, 16, 1, lean=True),
         Bwd(2048, 4096, 4, 2, lean=True),
         Bwd(8192, 8192, 8, 1),
+        _two_blocks(8, 1024, prefetch=True),
+        _two_blocks(16, 4096, prefetch=False),
         Bwd(16384, 16384, 32, 1, prefetch=False, lean=True, reload=True, bias_apart=True),
     ),
     ("layer_norm", 4): (
         Bwd(2048, 2048, 16, 2),
         Bwd(8192, 2048, 8, 1),
+        _two_blocks(16, 4096, prefetch=False),
         Bwd(16384, 4096, 16, 1, slice=8192, fused_from=12288),
     ),
     ("rms_norm", 2): (
         Bwd(1024, 8192, 16, 1),
         Bwd(2048, 4096, 8, 2),
         Bwd(8192, 8192, 16, 1),
+        _two_blocks(8, 1024, prefetch=True),
         _RMS_16384,
     ),
-    ("rms_norm", 4): (Bwd(1024, 8192, 16, 1, lean=True), Bwd(8192, 8192, 16, 1), _RMS_16384),
+    ("rms_norm", 4): (
+        Bwd(1024, 8192, 16, 1, lean=True),
+        Bwd(8192, 8192, 16, 1),
+        _two_blocks(16, 2048, prefetch=False),
+        _RMS_16384,
+    ),
     ("add_rms_norm", 2): (
         Bwd(512, 8192, 16, 1),
         Bwd(1024, 8192, 16, 1, lean=True),
@@ -114,6 +146,7 @@ BWD_CONFIGS = {
     ("add_rms_norm", 4): (
         Bwd(1024, 8192, 16, 1, lean=True),
         Bwd(8192, 8192, 16, 1, lean=True),
+        _two_blocks(16, 1024, prefetch=False),
         _RMS_16384,
     ),
 }
