@@ -20,7 +20,7 @@ def _coop_everywhere(monkeypatch, piece=128, warps=4):
     monkeypatch.setattr(norm_launch, "FWD_COOP", {(o, s): coop for o in OPS for s in (2, 4)})
 
 
-@pytest.mark.parametrize("dname", ["fp32", "bf16"])
+@pytest.mark.parametrize("dname", list(DTYPES))
 @pytest.mark.parametrize("op", OPS)
 def test_coop_path(op, dname, device, monkeypatch):
     """Forward and backward against float64 with the forward in pieces of 128: a ragged last
@@ -65,8 +65,9 @@ def test_coop_layer_norm_stats_far_from_zero(rows, device, monkeypatch):
 
 def test_coop_plan_follows_its_table_and_the_gpu_size(monkeypatch):
     """FWD_COOP's widths pick the cooperative forward, edited in place or replaced; a GPU with
-    fewer multiprocessors than a row's pieces gets the wide kernel (the pieces could not all run
-    at once, and a waiting program would wait for ever); no GPU (sms=0): no limit."""
+    fewer than twice a row's pieces in multiprocessors gets the wide kernel (the pieces might
+    not all run at once, and a waiting program would wait for ever), and so do rows whose
+    tickets would pass int32; no GPU (sms=0): no limit."""
     flags = FLAGS["rms_norm"]
     monkeypatch.setattr(norm_launch, "FWD_COOP", {})
     plan = norm_launch._forward_plan(4, 100_000, 100_000, 100_000, flags, 2, 132)
@@ -75,11 +76,13 @@ def test_coop_plan_follows_its_table_and_the_gpu_size(monkeypatch):
     plan = norm_launch._forward_plan(4, 100_000, 100_000, 100_000, flags, 2, 132)
     assert plan.kernel is norm_launch.KC.norm_fwd_coop_kernel
     assert (plan.meta["PIECE"], plan.meta["PIECES"], plan.meta["num_warps"]) == (16384, 7, 16)
-    small = norm_launch._forward_plan(4, 100_000, 100_000, 100_000, flags, 2, 6)
-    assert small.kernel is norm_launch.K.norm_fwd_wide_kernel
-    assert norm_launch._forward_plan(4, 100_000, 100_000, 100_000, flags, 2, 7).kernel is (
+    small = norm_launch._forward_plan(4, 100_000, 100_000, 100_000, flags, 2, 13)
+    assert small.kernel is norm_launch.K.norm_fwd_wide_kernel  # 7 pieces need 14
+    assert norm_launch._forward_plan(4, 100_000, 100_000, 100_000, flags, 2, 14).kernel is (
         norm_launch.KC.norm_fwd_coop_kernel
     )
+    many = norm_launch._forward_plan(2**31 // 7 + 1, 100_000, 100_000, 100_000, flags, 2, 132)
+    assert many.kernel is norm_launch.K.norm_fwd_wide_kernel  # tickets past int32
     assert norm_launch._forward_plan(4, 100_000, 100_000, 100_000, flags, 2, 0) is (
         norm_launch._forward_plan(4, 100_000, 100_000, 100_000, flags, 2)
     )
@@ -88,6 +91,14 @@ def test_coop_plan_follows_its_table_and_the_gpu_size(monkeypatch):
     assert norm_launch._forward_plan(4, 100_000, 100_000, 100_000, flags, 4, 132).kernel is not (
         norm_launch.KC.norm_fwd_coop_kernel  # fp32 has no setting
     )
+
+
+@pytest.mark.parametrize("piece, warps", [(384, 4), (256, 64), (256, 3)])
+def test_a_coop_setting_that_cannot_run_is_refused(piece, warps, monkeypatch):
+    coop = (norm_launch.Coop(1, 1 << 40, piece, warps),)
+    monkeypatch.setattr(norm_launch, "FWD_COOP", {("rms_norm", 4): coop})
+    with pytest.raises(ValueError, match="powers of two"):
+        norm_launch._forward_plan(4, 1000, 1000, 1000, FLAGS["rms_norm"], 4)
 
 
 def test_unwritten_piece_statistics_would_fail(device, monkeypatch):
@@ -105,8 +116,9 @@ def test_unwritten_piece_statistics_would_fail(device, monkeypatch):
     assert torch.isnan(y).all()
 
 
-def _both_ways(op, shape, dtype, piece, warps, monkeypatch, graph=False):
-    """The one launch (PHASE 0) and the two (PHASE 1, 2) on the same inputs."""
+def _both_ways(op, shape, dtype, piece, warps, monkeypatch, graph=False, repeats=1):
+    """The one launch (PHASE 0) and the two (PHASE 1, 2) on the same inputs; the one launch
+    `repeats` times, each the same bit for bit (a race would show now and then)."""
     _coop_everywhere(monkeypatch, piece, warps)
     a = make_inputs(op, shape, dtype, "cuda")
     args = (a["x"].detach(), a.get("residual"), a["weight"].detach(), a.get("bias"), 1e-5)
@@ -121,6 +133,9 @@ def _both_ways(op, shape, dtype, piece, warps, monkeypatch, graph=False):
         g.replay()
     else:
         one = norm_launch.norm_forward(*args, is_rms)
+        for _ in range(repeats - 1):
+            again = norm_launch.norm_forward(*args, is_rms)
+            assert all(torch.equal(g, w) for g, w in zip(again, one) if w is not None)
     monkeypatch.setattr(launch_coop, "INTERPRETED", True)
     two = norm_launch.norm_forward(*args, is_rms)
     return one, two
@@ -137,8 +152,9 @@ def _both_ways(op, shape, dtype, piece, warps, monkeypatch, graph=False):
 def test_one_launch_matches_two_bit_for_bit(op, dname, shape, piece, warps, monkeypatch):
     """The waiting programs (PHASE 0) compute what the two launches do, bit for bit, at real
     widths, at a ragged width, and with 20,000 programs of 9 pieces a row (tickets handed out
-    across many waves); the two launches are held to float64 by test_coop_path."""
-    one, two = _both_ways(op, shape, DTYPES[dname], piece, warps, monkeypatch)
+    across many waves, ten times); the two launches are held to float64 by test_coop_path."""
+    repeats = 10 if shape[0] == 2000 else 1
+    one, two = _both_ways(op, shape, DTYPES[dname], piece, warps, monkeypatch, repeats=repeats)
     for got, want in zip(one, two):
         if want is not None:
             assert torch.equal(got, want)

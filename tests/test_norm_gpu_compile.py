@@ -93,8 +93,16 @@ for dtype, (is_rms, has_res) in itertools.product(
     for phase in (0, 1, 2):
         meta = dict(ops, PIECE=256, PIECES=3, PHASE=phase)
         ptx = compile_for_gpu(KC.norm_fwd_coop_kernel, coop, meta, 4)
-        waits = "ld.global.gpu.acquire" in ptx  # the spin: an atomic add of 0 becomes a load
-        assert waits == ("atom.global.gpu.acq_rel" in ptx) == (phase == 0), phase
+        # the ticket and the row's release, acq_rel; the spin: an atomic add of 0, a load
+        atoms = re.findall(r"atom\.global\.gpu\.(\w+)\.add", ptx)
+        assert atoms == (["acq_rel"] * 2 if phase == 0 else []), (phase, atoms)
+        assert ("ld.global.gpu.acquire" in ptx) == (phase == 0), phase
+        if phase == 0:  # every thread past its stores before the release; none reads the
+            # pieces' statistics before the acquire
+            release = ptx.index("atom.global", ptx.index("atom.global") + 1)
+            assert "bar.sync" in ptx[ptx.rindex("st.global.b32", 0, release) : release]
+            spin = ptx.index("ld.global.gpu.acquire")
+            assert "bar.sync" in ptx[spin : ptx.index("ld.global.cg", spin)]
         assert (phase == 1) != ("ld.global.cg" in ptx and "st.global.cs" in ptx), phase
     # widths and strides 16 does not divide, passed divided by ALIGN = 8 (launch.align_of):
     # loads and stores of 16 bytes (x and y of each kernel)

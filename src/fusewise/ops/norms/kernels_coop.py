@@ -16,9 +16,9 @@ Waiting for other programs needs them to run at the same time as the waiter. Pro
 below the highest one handed out belongs to a program that started, so every row but the newest
 one has all of its pieces started and will finish, freeing room for the next programs. Only the
 newest row can wait on programs not yet started, and it cannot block them as long as PIECES
-programs fit on the GPU at once (launch.py checks this against the multiprocessor count; a
-program of at most 32 warps fits on any multiprocessor). This is the forward-progress argument
-of single-pass scans (decoupled look-back).
+programs fit on the GPU at once (launch_coop.coop_pieces keeps PIECES to half the
+multiprocessors: a program of at most 32 warps fits on any, and other work may hold some). This
+is the forward-progress argument of single-pass scans (decoupled look-back).
 
 PHASE (constexpr): 0, one launch as above (a GPU); 1 and 2, two launches with no waiting: 1
 publishes the statistics, 2 merges them and writes y from x read again. Triton's interpreter runs

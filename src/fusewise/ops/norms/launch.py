@@ -22,7 +22,7 @@ from . import kernels_bwd_pieces as KBP
 from . import kernels_bwd_sliced as KBS
 from . import kernels_coop as KC
 from . import kernels_walk as KW
-from .launch_coop import coop_forward
+from .launch_coop import coop_forward, coop_pieces
 
 # the launchers read launch.BWD_CONFIGS, FWD_*: tests and sweeps replace them here
 from .settings import BWD_CONFIGS, FWD_COOP, FWD_UNMASKED, FWD_WALK, Bwd, Coop, Walk  # noqa: F401
@@ -164,13 +164,13 @@ def _forward_plan(
 ) -> _FwdPlan:
     # FWD_UNMASKED's, FWD_WALK's and FWD_COOP's say for this width (fp16 takes bf16's), read on
     # every call: a table replaced or edited in place is seen. sms: the GPU's multiprocessors (0:
-    # no GPU), which a row's cooperating programs must not outnumber (kernels_coop.py)
+    # no GPU), which bounds a row's cooperating programs (launch_coop.coop_pieces)
     op = (op_name(flags[0], flags[3]), element_size)
     unmasked = n in FWD_UNMASKED.get(op, ())
     walk = next((w for w in FWD_WALK.get(op, ()) if w.narrowest <= n <= w.widest), None)
     coop = next((c for c in FWD_COOP.get(op, ()) if c.narrowest <= n <= c.widest), None)
-    if coop is not None and sms and cdiv(n, coop.piece) > sms:
-        coop = None  # a GPU too small for the row's pieces at once: the wide kernel
+    pieces = coop_pieces(coop, m, n, sms) if coop is not None else 0
+    coop = coop if pieces else None  # where the pieces cannot all run at once: the wide kernel
     key = (m, n, stride_x, stride_r, flags, unmasked, walk, coop, MAX_BLOCK_N_FWD, WIDE_CHUNK_FWD)
     key += (WIDE_WARPS, TILE_ELEMENTS_FWD, FWD_ELEMENTS_PER_THREAD, MAX_WARPS_FWD, FWD_CACHE)
     plan = _fwd_plans.get(key)
@@ -181,7 +181,6 @@ def _forward_plan(
     meta = dict(zip(("IS_RMS", "HAS_W", "HAS_B", "HAS_RES"), flags))
     meta["ALIGN"], ints = _aligned(n, stride_x, stride_r)
     if coop is not None:
-        pieces = cdiv(n, coop.piece)
         meta |= dict(PIECE=coop.piece, PIECES=pieces, num_warps=coop.warps)
         plan = _FwdPlan(KC.norm_fwd_coop_kernel, (m * pieces,), ints, meta)
     elif walk is not None:

@@ -2,8 +2,22 @@
 
 import torch
 
-from .._launch import INTERPRETED, launch
+from .._launch import _I32_MAX, INTERPRETED, cdiv, launch
 from . import kernels_coop as KC
+
+
+def coop_pieces(coop, m: int, n: int, sms: int) -> int:
+    """Pieces of a row of n under Coop setting `coop`, or 0 where the cooperative forward must
+    not run: a row's pieces more than half the GPU's sms multiprocessors (0: no GPU, no limit),
+    or tickets past int32. Half, not all: a row's pieces wait for each other, and other work
+    on the GPU (another stream's kernels, NCCL's, an MPS share) can hold multiprocessors; each
+    multiprocessor holds at least one program of at most 32 warps."""
+    if coop.piece & (coop.piece - 1) or not 1 <= coop.warps <= 32 or coop.warps & (coop.warps - 1):
+        raise ValueError(f"{coop}: the piece and the warps must be powers of two, warps <= 32")
+    pieces = cdiv(n, coop.piece)
+    if (sms and 2 * pieces > sms) or m * pieces > _I32_MAX:
+        return 0
+    return pieces
 
 
 def coop_forward(plan, tensors: tuple, eps: float, m: int, alloc) -> None:
