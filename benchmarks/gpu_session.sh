@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_session.sh [serial] [tests] [replay] [capture] [demo] [host] [pairs]
 #   [norms] [sweep] [ab] [rotary_sweep] [rotary] [gated] [ab_src] [e2e] [order] [iso] [host_ab]
 #   [ab_fwd] [ab_align] [peers_align] [inductor] [peers_wide] [peers_walk] [issue14] [sweep_part]
+#   [coop]
 #   (.whl carried: Liger and CCE for tests; serial: SERIAL_TESTS without xdist, for tests that
 #   time a launch-bound step and fail when other processes share the GPU, and BIG_TESTS;
 #   norms: bench_norms against torch and Liger, kernels only, one process per op so a timeout loses one op, then the
@@ -155,6 +156,14 @@ for what in "$@"; do
       done; done
       cat /tmp/host_new_1.txt
       python benchmarks/ab_summary.py $C --a old --b new | tee "$OUT/host_ab_summary.txt" ;;
+    coop)
+      # the cooperative forward (kernels_coop.py): its GPU tests, then its sweep against the
+      # shipped forward before and after (COOP_ARGS: sweep_norm_coop.py's arguments)
+      timeout ${COOP_TESTS_S:-90} python -m pytest -q -p no:cacheprovider -x tests/test_norm_coop.py \
+        2>&1 | grep -v USDT > "$OUT/gpu_tests_coop.txt"
+      grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests_coop.txt" | head; tail -1 "$OUT/gpu_tests_coop.txt"
+      timeout ${COOP_S:-150} python benchmarks/sweep_norm_coop.py ${COOP_ARGS:-} \
+        --csv "$OUT/sweep_coop.csv" 2>&1 | grep -v USDT | tee "$OUT/sweep_coop.txt" ;;
     ab_fwd)
       # the src tree in $AB_OLD against src (or $AB_NEW) on the norms' forward (bench_norms, kernels only;
       # AB_OPS, AB_DTYPES, AB_WIDTHS and AB_MODES, by default every op, bf16, 256-32,768, fwd) and, unless

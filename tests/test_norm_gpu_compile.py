@@ -21,6 +21,7 @@ from fusewise.ops.norms import kernels_bias as KBIAS
 from fusewise.ops.norms import kernels_bwd as KB
 from fusewise.ops.norms import kernels_bwd_pieces as KBP
 from fusewise.ops.norms import kernels_bwd_sliced as KBS
+from fusewise.ops.norms import kernels_coop as KC
 from fusewise.ops.norms import kernels_walk as KW
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -86,6 +87,23 @@ for dtype, (is_rms, has_res) in itertools.product(
         ptx = compile_for_gpu(K.norm_fwd_wide_kernel, by_row, meta, 4)
         assert ("st.global.cs" in ptx) == (cache >= 1), cache
         assert ("evict_last" in ptx) == ("evict_first" in ptx) == (cache >= 2), cache
+    # the cooperative forward: the ticket, the release and the acquiring wait in one launch
+    # (PHASE 0) alone; the statistics read from L2, y stored streaming, in every phase
+    coop = {**by_row, "Part": "*fp32", "Sync": "*i32"}
+    for phase in (0, 1, 2):
+        meta = dict(ops, PIECE=256, PIECES=3, PHASE=phase)
+        ptx = compile_for_gpu(KC.norm_fwd_coop_kernel, coop, meta, 4)
+        # the ticket and the row's release, acq_rel; the spin: an atomic add of 0, a load
+        atoms = re.findall(r"atom\.global\.gpu\.(\w+)\.add", ptx)
+        assert atoms == (["acq_rel"] * 2 if phase == 0 else []), (phase, atoms)
+        assert ("ld.global.gpu.acquire" in ptx) == (phase == 0), phase
+        if phase == 0:  # every thread past its stores before the release; none reads the
+            # pieces' statistics before the acquire
+            release = ptx.index("atom.global", ptx.index("atom.global") + 1)
+            assert "bar.sync" in ptx[ptx.rindex("st.global.b32", 0, release) : release]
+            spin = ptx.index("ld.global.gpu.acquire")
+            assert "bar.sync" in ptx[spin : ptx.index("ld.global.cg", spin)]
+        assert (phase == 1) != ("ld.global.cg" in ptx and "st.global.cs" in ptx), phase
     # widths and strides 16 does not divide, passed divided by ALIGN = 8 (launch.align_of):
     # loads and stores of 16 bytes (x and y of each kernel)
     unaligned = dict(ops, ALIGN=8)
@@ -165,5 +183,5 @@ def test_kernels_compile_for_the_gpu():
     # sliced backwards + 3 forward and 4 backward kernels with ALIGN = 8 and 1, unaligned) +
     # walks: 8 LayerNorm, 4 for each RMS op + LayerNorm's column sums with ALIGN = 8 and 1,
     # into fp32 partials) + the column sums into bf16 (one group's dbias), ALIGN = 8 and 1 +
-    # two of the two-block backward
-    assert done.stdout.split() == ["compiled", "208"]
+    # two of the two-block backward + 2 dtypes x 3 ops x 3 phases of the cooperative forward
+    assert done.stdout.split() == ["compiled", "226"]

@@ -3,6 +3,7 @@ each other; what two of them need lives here or in _dispatch.py)."""
 
 import functools
 import inspect
+import math
 
 import torch
 import triton
@@ -183,3 +184,22 @@ def launch(kernel, grid: tuple, *args, **meta):
         *tail,
     )
     return compiled
+
+
+def align_of(*ints: int) -> int:
+    """The kernels' ALIGN (norms/kernels.py) for a width and row strides: the largest power of two
+    below 16 that divides them all, or 1 where 16 does (Triton then knows it of each: the
+    arguments go as they are, and the kernels compile as they did before ALIGN). 1 also where
+    one is past int32: Triton passes it as int64, but divided it could fit int32, and the
+    kernel's product would then overflow int32 (rows 2**31 + 8 elements apart read the wrong
+    row)."""
+    common = math.gcd(*ints)
+    if common == 0 or common % 16 == 0 or max(ints) > _I32_MAX:
+        return 1
+    return common & -common
+
+
+def _aligned(*ints: int) -> tuple[int, tuple[int, ...]]:
+    """(ALIGN, the ints divided by it): what the kernels take, to multiply back."""
+    align = align_of(*ints)
+    return align, tuple(v // align for v in ints)

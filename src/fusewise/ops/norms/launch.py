@@ -9,22 +9,23 @@ so they run inside CUDA-graph capture.
 
 from __future__ import annotations
 
-import math
 import operator
 from typing import NamedTuple
 
 import torch
 
-from .._launch import _I32_MAX, cdiv, launch, next_power_of_2, sm_count
+from .._launch import _aligned, align_of, cdiv, launch, next_power_of_2, sm_count  # noqa: F401
 from . import kernels as K
 from . import kernels_bias as KBIAS
 from . import kernels_bwd as KB
 from . import kernels_bwd_pieces as KBP
 from . import kernels_bwd_sliced as KBS
+from . import kernels_coop as KC
 from . import kernels_walk as KW
+from .launch_coop import coop_forward, coop_pieces
 
-# the launchers read launch.BWD_CONFIGS, FWD_UNMASKED, FWD_WALK: tests and sweeps replace them here
-from .settings import BWD_CONFIGS, FWD_UNMASKED, FWD_WALK, Bwd, Walk  # noqa: F401
+# the launchers read launch.BWD_CONFIGS, FWD_*: tests and sweeps replace them here
+from .settings import BWD_CONFIGS, FWD_COOP, FWD_UNMASKED, FWD_WALK, Bwd, Coop, Walk  # noqa: F401
 
 # Widest row the forward keeps in registers; wider rows take the chunked wide path (FWD_WALK's
 # widths walk instead, on either side of it). The backward keeps rows up to the widest block of
@@ -142,25 +143,6 @@ def _partials(rows: int, n: int, has_w: bool, has_b: bool, dev):
     return (buf[0] if has_w else None), (buf[-1] if has_b else None)
 
 
-def align_of(*ints: int) -> int:
-    """The kernels' ALIGN (kernels.py) for a width and row strides: the largest power of two
-    below 16 that divides them all, or 1 where 16 does (Triton then knows it of each: the
-    arguments go as they are, and the kernels compile as they did before ALIGN). 1 also where
-    one is past int32: Triton passes it as int64, but divided it could fit int32, and the
-    kernel's product would then overflow int32 (rows 2**31 + 8 elements apart read the wrong
-    row)."""
-    common = math.gcd(*ints)
-    if common == 0 or common % 16 == 0 or max(ints) > _I32_MAX:
-        return 1
-    return common & -common
-
-
-def _aligned(*ints: int) -> tuple[int, tuple[int, ...]]:
-    """(ALIGN, the ints divided by it): what the kernels take, to multiply back."""
-    align = align_of(*ints)
-    return align, tuple(v // align for v in ints)
-
-
 class _FwdPlan(NamedTuple):
     """What the forward's shapes and settings decide: the kernel, its grid, the integer arguments
     before eps, and the constexprs."""
@@ -178,14 +160,18 @@ _MAX_PLANS = 1024
 
 
 def _forward_plan(
-    m: int, n: int, stride_x: int, stride_r: int, flags: tuple, element_size: int
+    m: int, n: int, stride_x: int, stride_r: int, flags: tuple, element_size: int, sms: int = 0
 ) -> _FwdPlan:
-    # FWD_UNMASKED's and FWD_WALK's say for this width (fp16 takes bf16's), read on every call:
-    # a table replaced or edited in place is seen
+    # FWD_UNMASKED's, FWD_WALK's and FWD_COOP's say for this width (fp16 takes bf16's), read on
+    # every call: a table replaced or edited in place is seen. sms: the GPU's multiprocessors (0:
+    # no GPU), which bounds a row's cooperating programs (launch_coop.coop_pieces)
     op = (op_name(flags[0], flags[3]), element_size)
     unmasked = n in FWD_UNMASKED.get(op, ())
     walk = next((w for w in FWD_WALK.get(op, ()) if w.narrowest <= n <= w.widest), None)
-    key = (m, n, stride_x, stride_r, flags, unmasked, walk, MAX_BLOCK_N_FWD, WIDE_CHUNK_FWD)
+    coop = next((c for c in FWD_COOP.get(op, ()) if c.narrowest <= n <= c.widest), None)
+    pieces = coop_pieces(coop, m, n, sms) if coop is not None else 0
+    coop = coop if pieces else None  # where the pieces cannot all run at once: the wide kernel
+    key = (m, n, stride_x, stride_r, flags, unmasked, walk, coop, MAX_BLOCK_N_FWD, WIDE_CHUNK_FWD)
     key += (WIDE_WARPS, TILE_ELEMENTS_FWD, FWD_ELEMENTS_PER_THREAD, MAX_WARPS_FWD, FWD_CACHE)
     plan = _fwd_plans.get(key)
     if plan is not None:
@@ -194,7 +180,10 @@ def _forward_plan(
         _fwd_plans.clear()
     meta = dict(zip(("IS_RMS", "HAS_W", "HAS_B", "HAS_RES"), flags))
     meta["ALIGN"], ints = _aligned(n, stride_x, stride_r)
-    if walk is not None:
+    if coop is not None:
+        meta |= dict(PIECE=coop.piece, PIECES=pieces, num_warps=coop.warps)
+        plan = _FwdPlan(KC.norm_fwd_coop_kernel, (m * pieces,), ints, meta)
+    elif walk is not None:
         chunk, chunks, even = walk.chunks_of(n)
         meta |= dict(CHUNK=chunk, CHUNKS=chunks, EVEN=even, num_warps=walk.warps, HOLD=walk.hold)
         # unrolled: every chunk of the loop (the whole ones; a ragged last is taken after it)
@@ -236,9 +225,13 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
     flags = (is_rms, weight is not None, bias is not None, residual is not None)
     h_buf = h if h is not None else y
     mean_buf = mean if mean is not None else rstd
-    plan = _forward_plan(m, n, x.stride(0), r.stride(0), flags, x.element_size())
-    args = (x, r, weight, bias, y, h_buf, mean_buf, rstd, *plan.ints, eps)
-    launch(plan.kernel, plan.grid, *args, **plan.meta)
+    sms = sm_count(dev.index or 0) if x.is_cuda else 0
+    plan = _forward_plan(m, n, x.stride(0), r.stride(0), flags, x.element_size(), sms)
+    tensors = (x, r, weight, bias, y, h_buf, mean_buf, rstd)
+    if plan.kernel is KC.norm_fwd_coop_kernel:
+        coop_forward(plan, tensors, eps, m, alloc)
+    else:
+        launch(plan.kernel, plan.grid, *tensors, *plan.ints, eps, **plan.meta)
     return y, h, mean, rstd
 
 

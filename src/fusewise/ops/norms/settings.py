@@ -181,6 +181,22 @@ class Walk(NamedTuple):
         return chunk, chunks, rest == chunk * chunks
 
 
+class Coop(NamedTuple):
+    """A forward that cuts each row into pieces of `piece` elements, one program each, which wait
+    for each other's statistics (kernels_coop.norm_fwd_coop_kernel), for rows of `narrowest` to
+    `widest` elements."""
+
+    narrowest: int
+    widest: int
+    piece: int  # elements a program holds in registers (a power of two)
+    warps: int
+
+
+# The cooperative forward by (op, bytes per element); it takes precedence over FWD_WALK. Empty
+# until the sweep (benchmarks/sweep_norm_configs.py, part coop) measures it on a GPU.
+FWD_COOP: dict = {}
+
+
 # The walking forward by (op, bytes per element); rows outside every setting's widths take the
 # block path (up to MAX_BLOCK_N_FWD) or the wide path. From the sweeps on an H200 (2**27
 # elements, kernels only, % of the copy ceiling; results/h200_sweep_walk_rolled_7ab4d9a.txt,
