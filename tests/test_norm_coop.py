@@ -5,7 +5,7 @@ the two launches bit for bit."""
 
 import pytest
 import torch
-from norm_cases import DTYPES, OPS, SLACK, make_inputs, rel_err
+from norm_cases import DTYPES, OPS, SLACK, check_forward, make_inputs, rel_err
 from norm_cases import check_op as check
 
 from fusewise.ops.norms import launch as norm_launch
@@ -167,3 +167,16 @@ def test_one_launch_under_cuda_graph_replay(monkeypatch):
     for got, want in zip(one, two):
         if want is not None:
             assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("key", sorted(norm_launch.FWD_COOP), ids=lambda k: f"{k[0]}-{k[1]}")
+def test_shipped_coop_settings_at_real_widths(key, device):
+    """Each shipped FWD_COOP setting at its narrowest and widest width and a ragged one between,
+    forward against float64 (the backward: the split kernels' tests)."""
+    op, size = key
+    dtype = {2: torch.bfloat16, 4: torch.float32}[size]
+    coop = norm_launch.FWD_COOP[key][0]
+    for n in (coop.narrowest, 100_003, coop.widest):
+        plan = norm_launch._forward_plan(2, n, n, n, FLAGS[op], size, 132)
+        assert plan.kernel is norm_launch.KC.norm_fwd_coop_kernel, n
+        check_forward(op, make_inputs(op, (2, n), dtype, device), SLACK[dtype])

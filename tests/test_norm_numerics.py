@@ -422,12 +422,15 @@ def test_rows_of_65536_on_the_shipped_walks(op, dname, device):
     registers and those that do not) against float64, a ragged rest (40,000) and a row just past
     the held part's width (32,769: one element walked); models' widths that are no whole number
     of chunks (Falcon-180B's 14,848, Nemotron-4's 18,432: walked with a ragged last chunk, but
-    add+RMSNorm fp32 at 18,432 on the block path)."""
+    add+RMSNorm fp32 at 18,432 on the block path, and at 65,536 cooperative)."""
     dtype = DTYPES[dname]
     for n in (65536, 40000, 32769, 14848, 18432):
         plan = norm_launch._forward_plan(2, n, n, n, FLAGS[op], dtype.itemsize)
-        walked = plan.kernel is norm_launch.KW.norm_fwd_walk_kernel
-        assert walked != (op == "add_rms_norm" and dname == "fp32" and n == 18432)
+        add_fp32 = op == "add_rms_norm" and dname == "fp32"
+        kernel = {18432: norm_launch.K.norm_fwd_block_kernel}.get(n) if add_fp32 else None
+        if add_fp32 and n == 65536:  # the cooperative forward (settings.FWD_COOP)
+            kernel = norm_launch.KC.norm_fwd_coop_kernel
+        assert plan.kernel is (kernel or norm_launch.KW.norm_fwd_walk_kernel)
         check_forward(op, make_inputs(op, (2, n), dtype, device), SLACK[dtype])
 
 

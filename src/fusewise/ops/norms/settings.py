@@ -192,9 +192,24 @@ class Coop(NamedTuple):
     warps: int
 
 
-# The cooperative forward by (op, bytes per element); it takes precedence over FWD_WALK. Empty
-# until the sweep (benchmarks/sweep_norm_configs.py, part coop) measures it on a GPU.
-FWD_COOP: dict = {}
+# The cooperative forward by (op, bytes per element); it takes precedence over FWD_WALK. From
+# the sweep on an H100 (results/h100_sweep_coop_417ea24.txt, benchmarks/sweep_norm_coop.py,
+# 2**27 elements, kernels only, the shipped before and after within 0.8), shipped ->
+# cooperative at 65,536 / 262,144: add+RMSNorm bf16 99.4/70.2 -> 94.7/94.2 (32,768 on 32 warps;
+# 65,536 keeps its walk), add+RMSNorm fp32 84.7/69.0 -> 97.5/98.3 (32,768, 32 warps), RMSNorm
+# fp32 95.0/70.3 -> 92.7/90.0 (32,768, 32 warps; 65,536 keeps its walk), LayerNorm fp32
+# 89.2/68.9 -> 87.3/85.0 (likewise), RMSNorm bf16 100.2/71.6 -> 81.4/78.0 (16,384 on 16 warps).
+# LayerNorm bf16: 70.4 -> 70.8 at best, not shipped. bf16 pieces of 64 KB (the most 32 warps
+# hold) fall short of fp32's 128 KB: a program's fixed cost (its ticket, the wait, the merge)
+# weighs twice as much. Widths past 262,144 were not measured and keep the wide kernel.
+_PAST_65536 = 65537, 262144
+FWD_COOP: dict = {
+    ("add_rms_norm", 2): (Coop(*_PAST_65536, 32768, 32),),
+    ("add_rms_norm", 4): (Coop(65536, 262144, 32768, 32),),
+    ("rms_norm", 2): (Coop(*_PAST_65536, 16384, 16),),
+    ("rms_norm", 4): (Coop(*_PAST_65536, 32768, 32),),
+    ("layer_norm", 4): (Coop(*_PAST_65536, 32768, 32),),
+}
 
 
 # The walking forward by (op, bytes per element); rows outside every setting's widths take the
