@@ -24,6 +24,7 @@ import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
 
 from fusewise.ops.norms import kernels as K
 from fusewise.ops.norms import kernels_bwd as KB
@@ -32,6 +33,9 @@ from fusewise.ops.norms import kernels_bwd_sliced as KBS
 from fusewise.ops.norms import launch as L
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+# the ptxas Triton itself runs for sm_90: under Triton 3.9 bin/ptxas (CUDA 12.8) is too old for
+# the PTX it writes (.version 9.4), and get_ptxas names the newer one
+PTXAS = get_ptxas(90).path
 TARGET = GPUTarget("cuda", 90, 32)
 ALIGNED = {"N", "stride_x", "stride_dy", "stride_dh", "stride_r"}  # and every pointer
 TYPES = {2: "bf16", 4: "fp32"}
@@ -39,11 +43,15 @@ OPS = ("layer_norm", "rms_norm", "add_rms_norm")
 
 
 def _compile(fn, args: dict, constants: dict, warps: int):
-    names = list(args) + list(constants)
-    signature = {**args, **dict.fromkeys(constants, "constexpr")}
+    # every constexpr given, its default where the caller has none: Triton 3.9 compiles an
+    # omitted one as None; and the signature in the kernel's order, which the attrs index
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.name not in constants}
+    constants = {**defaults, **constants}
+    given = {**args, **dict.fromkeys(constants, "constexpr")}
+    signature = {n: given[n] for n in fn.arg_names}
     attrs = {
         (i,): [["tt.divisibility", 16]]
-        for i, n in enumerate(names)
+        for i, n in enumerate(fn.arg_names)
         if n in ALIGNED or signature[n].startswith("*")
     }
     src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
@@ -57,7 +65,7 @@ def _counts(compiled) -> dict:
         with open(ptx, "w") as f:
             f.write(compiled.asm["ptx"])
         ptxas = subprocess.run(
-            [os.path.join(BIN, "ptxas"), "-arch=sm_90a", "-v", ptx, "-o", cubin],
+            [PTXAS, "-arch=sm_90a", "-v", ptx, "-o", cubin],
             capture_output=True,
             text=True,
         )
