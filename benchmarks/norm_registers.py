@@ -16,6 +16,7 @@ kernel where it has none (the forward's block kernel). Inputs are assumed
 from __future__ import annotations
 
 import argparse
+import inspect
 import itertools
 import os
 import re
@@ -45,8 +46,12 @@ OPS = ("layer_norm", "rms_norm", "add_rms_norm")
 def _compile(fn, args: dict, constants: dict, warps: int):
     # every constexpr given, its default where the caller has none: Triton 3.9 compiles an
     # omitted one as None; and the signature in the kernel's order, which the attrs index
-    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.name not in constants}
-    constants = {**defaults, **constants}
+    defaults = {
+        p.name: p.default
+        for p in fn.params
+        if p.is_constexpr and p.default is not inspect.Parameter.empty
+    }
+    constants = {**defaults, **constants}  # one with no default and not given: a KeyError below
     given = {**args, **dict.fromkeys(constants, "constexpr")}
     signature = {n: given[n] for n in fn.arg_names}
     attrs = {
