@@ -19,8 +19,19 @@ from sweep_norm_configs import DTYPES, Inputs, _worst, measure, relative_error
 from fusewise import hardware
 from fusewise.ops.norms import launch as L
 
-# (piece, warps): a piece's elements a thread holds are piece / (32 * warps); 16-32 fp32 registers
-PIECES = [(8192, 8), (16384, 16), (32768, 32)]
+# pieceXwarps[n][rR]: a piece's elements a thread holds are piece / (32 * warps), 16-32 fp32
+# registers; n: narrow, 16-bit inputs held as they are (Coop.narrow), so twice the elements in
+# registers; rR: at most R registers a thread (Coop.registers), 32: two programs of 32 warps on a
+# multiprocessor
+PIECES = ["16384x16", "32768x32", "32768x32n", "32768x32nr32", "65536x32n"]
+
+
+def coop_setting(spec: str):
+    """Coop(1, 2**40, ...) from "pieceXwarps[n][rR]" (PIECES)."""
+    piece, rest = spec.split("x")
+    rest, _, registers = rest.partition("r")
+    narrow = rest.endswith("n")
+    return L.Coop(1, 1 << 40, int(piece), int(rest.rstrip("n")), narrow, int(registers or 0))
 
 
 def main() -> int:
@@ -28,23 +39,21 @@ def main() -> int:
     p.add_argument("--ops", default="layer_norm,rms_norm,add_rms_norm")
     p.add_argument("--dtypes", default="bf16")
     p.add_argument("--widths", default="65536,131072,262144")
-    p.add_argument("--pieces", default=",".join(f"{a}x{b}" for a, b in PIECES))
+    p.add_argument("--pieces", default=",".join(PIECES))
     p.add_argument("--elements", type=int, default=1 << 27)
     p.add_argument("--csv", default=None)
     args = p.parse_args()
     widths = [int(w) for w in args.widths.split(",")]
-    pieces = [tuple(int(v) for v in s.split("x")) for s in args.pieces.split(",")]
     ceiling = hardware.measure_bandwidth(torch.device("cuda"))
     print(f"# copy ceiling {ceiling:.0f} GB/s; % of it by the byte model; commit {_rows.commit()}")
     inputs = Inputs(args.elements)
-    labels = ["shipped#1"] + [f"coop {a}x{b}" for a, b in pieces] + ["shipped#2"]
+    labels = ["shipped#1"] + [f"coop {s}" for s in args.pieces.split(",")] + ["shipped#2"]
     for op, dname in itertools.product(args.ops.split(","), args.dtypes.split(",")):
         print(f"# coop {op} fwd {dname}, widths {widths}", flush=True)
         for label in labels:
             coop = {}
             if label.startswith("coop"):
-                piece, warps = (int(v) for v in label.split()[1].split("x"))
-                setting = (L.Coop(1, 1 << 40, piece, warps),)
+                setting = (coop_setting(label.split()[1]),)
                 coop = {(op, 2): setting, (op, 4): setting}
             saved, L.FWD_COOP = L.FWD_COOP, coop or L.FWD_COOP
             cells, rows, errors = [], [], []

@@ -15,18 +15,20 @@ FLAGS = {"layer_norm": (0, 1, 1, 0), "rms_norm": (1, 1, 0, 0), "add_rms_norm": (
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def _coop_everywhere(monkeypatch, piece=128, warps=4):
-    coop = (norm_launch.Coop(1, 1 << 40, piece, warps),)
+def _coop_everywhere(monkeypatch, piece=128, warps=4, narrow=False, registers=0):
+    coop = (norm_launch.Coop(1, 1 << 40, piece, warps, narrow, registers),)
     monkeypatch.setattr(norm_launch, "FWD_COOP", {(o, s): coop for o in OPS for s in (2, 4)})
 
 
+@pytest.mark.parametrize("narrow", [False, True], ids=["fp32-held", "narrow"])
 @pytest.mark.parametrize("dname", list(DTYPES))
 @pytest.mark.parametrize("op", OPS)
-def test_coop_path(op, dname, device, monkeypatch):
+def test_coop_path(op, dname, narrow, device, monkeypatch):
     """Forward and backward against float64 with the forward in pieces of 128: a ragged last
     piece (1823: 14 whole and one of 31), whole pieces in rows strided by a wider tensor (512),
-    a row narrower than one piece (100), a last piece of one element (257)."""
-    _coop_everywhere(monkeypatch)
+    a row narrower than one piece (100), a last piece of one element (257). Narrow: 16-bit inputs
+    held as they are (fp32 ones ignore it)."""
+    _coop_everywhere(monkeypatch, narrow=narrow)
     dtype = DTYPES[dname]
     for shape, strided, pieces in [
         ((9, 1823), False, 15),
@@ -34,9 +36,11 @@ def test_coop_path(op, dname, device, monkeypatch):
         ((4, 100), False, 1),
         ((3, 257), False, 3),
     ]:
-        plan = norm_launch._forward_plan(*shape, shape[1], shape[1], FLAGS[op], 2)
+        size = dtype.itemsize
+        plan = norm_launch._forward_plan(*shape, shape[1], shape[1], FLAGS[op], size)
         assert plan.kernel is norm_launch.KC.norm_fwd_coop_kernel
         assert plan.meta["PIECES"] == pieces and plan.grid == (shape[0] * pieces,)
+        assert plan.meta["NARROW"] == (narrow and size == 2)
         check(op, make_inputs(op, shape, dtype, device, strided=strided), SLACK[dtype])
 
 
@@ -93,12 +97,67 @@ def test_coop_plan_follows_its_table_and_the_gpu_size(monkeypatch):
     )
 
 
-@pytest.mark.parametrize("piece, warps", [(384, 4), (256, 64), (256, 3)])
-def test_a_coop_setting_that_cannot_run_is_refused(piece, warps, monkeypatch):
-    coop = (norm_launch.Coop(1, 1 << 40, piece, warps),)
-    monkeypatch.setattr(norm_launch, "FWD_COOP", {("rms_norm", 4): coop})
-    with pytest.raises(ValueError, match="powers of two"):
-        norm_launch._forward_plan(4, 1000, 1000, 1000, FLAGS["rms_norm"], 4)
+@pytest.mark.parametrize(
+    "piece, warps, narrow, registers, why",
+    [(384, 4, 0, 0, "powers of two"), (256, 64, 0, 0, "powers of two")]
+    + [(256, 3, 0, 0, "powers of two"), (1, 1, 1, 0, "2 elements or more")]
+    + [(256, 4, 0, 8, "registers"), (256, 4, 0, 256, "registers"), (256, 4, 0, -1, "registers")],
+)
+def test_a_coop_setting_that_cannot_run_is_refused(
+    piece, warps, narrow, registers, why, monkeypatch
+):
+    """A narrow piece of one element would not compile for a GPU: its opaque step moves 16-bit
+    elements two at a time."""
+    coop = (norm_launch.Coop(1, 1 << 40, piece, warps, bool(narrow), registers),)
+    monkeypatch.setattr(norm_launch, "FWD_COOP", {("rms_norm", 2): coop})
+    with pytest.raises(ValueError, match=why):
+        norm_launch._forward_plan(4, 1000, 1000, 1000, FLAGS["rms_norm"], 2)
+
+
+def test_fp16_skips_narrow_settings(device, monkeypatch):
+    """fp16 takes bf16's settings but for the narrow ones (measured in bf16 alone; under Triton
+    3.9 an fp16 narrow piece spills): it takes the next setting that matches its width, or, with
+    none, the forward it would have without the cooperative one; and it still holds to
+    float64."""
+    narrow, plain = norm_launch.Coop(1, 1 << 40, 256, 4, True), norm_launch.Coop(1, 1 << 40, 128, 4)
+    monkeypatch.setattr(norm_launch, "FWD_COOP", {("rms_norm", 2): (narrow, plain)})
+    shape = (3, 1000, 1000, 1000, FLAGS["rms_norm"], 2)
+    bf16, fp16 = norm_launch._forward_plan(*shape), norm_launch._forward_plan(*shape, fp16=True)
+    assert (bf16.meta["PIECE"], bf16.meta["NARROW"]) == (256, True)
+    assert (fp16.meta["PIECE"], fp16.meta["NARROW"]) == (128, False)
+    check_forward("rms_norm", make_inputs("rms_norm", (3, 1000), torch.float16, device), 6e-5)
+    monkeypatch.setattr(norm_launch, "FWD_COOP", {("rms_norm", 2): (narrow,)})
+    alone = norm_launch._forward_plan(*shape, fp16=True)
+    assert alone.kernel is not norm_launch.KC.norm_fwd_coop_kernel
+    check_forward("rms_norm", make_inputs("rms_norm", (3, 1000), torch.float16, device), 6e-5)
+
+
+def test_a_register_cap_goes_to_the_compiler(device, monkeypatch):
+    """Coop.registers reaches Triton as maxnreg, a compile option (so in the plan's launch
+    options, and the plan cache tells capped from uncapped); 0 sets none. Capped, the forward
+    still holds to float64 (the interpreter ignores the cap; a GPU spills past it)."""
+    for registers in (0, 32, 0):
+        coop = (norm_launch.Coop(1, 1 << 40, 128, 4, registers=registers),)
+        monkeypatch.setattr(norm_launch, "FWD_COOP", {("rms_norm", 2): coop})
+        plan = norm_launch._forward_plan(4, 1000, 1000, 1000, FLAGS["rms_norm"], 2)
+        assert plan.meta.get("maxnreg", 0) == registers
+    _coop_everywhere(monkeypatch, narrow=True, registers=32)
+    for dname in DTYPES:
+        inputs = make_inputs("layer_norm", (3, 1000), DTYPES[dname], device)
+        check_forward("layer_norm", inputs, SLACK[DTYPES[dname]])
+
+
+def test_each_element_size_gets_its_own_plan(monkeypatch):
+    """A narrow setting holds 16-bit inputs narrow and fp32 ones not: the plan cache keys on the
+    element size, whatever was asked before (the cache emptied first)."""
+    coop = (norm_launch.Coop(1, 1 << 40, 128, 4, narrow=True),)
+    monkeypatch.setattr(norm_launch, "FWD_COOP", {("rms_norm", 2): coop, ("rms_norm", 4): coop})
+    monkeypatch.setattr(norm_launch, "_fwd_plans", {})
+    for first, second in [(4, 2), (2, 4)]:
+        norm_launch._fwd_plans.clear()
+        a = norm_launch._forward_plan(4, 1000, 1000, 1000, FLAGS["rms_norm"], first)
+        b = norm_launch._forward_plan(4, 1000, 1000, 1000, FLAGS["rms_norm"], second)
+        assert (a.meta["NARROW"], b.meta["NARROW"]) == (first == 2, second == 2)
 
 
 def test_unwritten_piece_statistics_would_fail(device, monkeypatch):
@@ -116,10 +175,11 @@ def test_unwritten_piece_statistics_would_fail(device, monkeypatch):
     assert torch.isnan(y).all()
 
 
-def _both_ways(op, shape, dtype, piece, warps, monkeypatch, graph=False, repeats=1):
+def _both_ways(op, shape, dtype, setting, monkeypatch, graph=False, repeats=1):
     """The one launch (PHASE 0) and the two (PHASE 1, 2) on the same inputs; the one launch
-    `repeats` times, each the same bit for bit (a race would show now and then)."""
-    _coop_everywhere(monkeypatch, piece, warps)
+    `repeats` times, each the same bit for bit (a race would show now and then). setting:
+    (piece, warps, narrow[, registers])."""
+    _coop_everywhere(monkeypatch, *setting)
     a = make_inputs(op, shape, dtype, "cuda")
     args = (a["x"].detach(), a.get("residual"), a["weight"].detach(), a.get("bias"), 1e-5)
     args = tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in args)
@@ -145,16 +205,28 @@ def _both_ways(op, shape, dtype, piece, warps, monkeypatch, graph=False, repeats
 @pytest.mark.parametrize("dname", ["fp32", "bf16"])
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize(
-    "shape, piece, warps",
-    [((64, 262_144), 16384, 16), ((37, 100_003), 32768, 32), ((2000, 4100), 512, 4)],
-    ids=["262144", "ragged", "many-rows"],
+    "shape, setting",
+    [
+        ((64, 262_144), (16384, 16, False)),
+        ((37, 100_003), (32768, 32, False)),
+        ((2000, 4100), (512, 4, False)),
+        ((64, 262_144), (65536, 32, True)),
+        ((37, 100_003), (65536, 32, True)),
+        ((2000, 4100), (512, 4, True)),
+        ((64, 262_144), (32768, 32, True, 32)),
+        ((37, 100_003), (16384, 32, False, 32)),
+    ],
+    ids=["262144", "ragged", "many-rows", "262144-narrow", "ragged-narrow", "many-rows-narrow"]
+    + ["262144-narrow-capped", "ragged-capped"],
 )
-def test_one_launch_matches_two_bit_for_bit(op, dname, shape, piece, warps, monkeypatch):
+def test_one_launch_matches_two_bit_for_bit(op, dname, shape, setting, monkeypatch):
     """The waiting programs (PHASE 0) compute what the two launches do, bit for bit, at real
     widths, at a ragged width, and with 20,000 programs of 9 pieces a row (tickets handed out
-    across many waves, ten times); the two launches are held to float64 by test_coop_path."""
+    across many waves, ten times), with x held in fp32 or (narrow) in its own 16-bit dtype, and
+    with 32 registers a thread (two programs a multiprocessor; LayerNorm's then spill); the two
+    launches are held to float64 by test_coop_path."""
     repeats = 10 if shape[0] == 2000 else 1
-    one, two = _both_ways(op, shape, DTYPES[dname], piece, warps, monkeypatch, repeats=repeats)
+    one, two = _both_ways(op, shape, DTYPES[dname], setting, monkeypatch, repeats=repeats)
     for got, want in zip(one, two):
         if want is not None:
             assert torch.equal(got, want)
@@ -163,7 +235,8 @@ def test_one_launch_matches_two_bit_for_bit(op, dname, shape, piece, warps, monk
 @needs_gpu
 def test_one_launch_under_cuda_graph_replay(monkeypatch):
     """Replayed from a CUDA graph, the counters are zeroed by the captured memset each time."""
-    one, two = _both_ways("layer_norm", (96, 262_144), torch.bfloat16, 16384, 16, monkeypatch, True)
+    setting = (16384, 16, False)
+    one, two = _both_ways("layer_norm", (96, 262_144), torch.bfloat16, setting, monkeypatch, True)
     for got, want in zip(one, two):
         if want is not None:
             assert torch.equal(got, want)
@@ -171,12 +244,15 @@ def test_one_launch_under_cuda_graph_replay(monkeypatch):
 
 @pytest.mark.parametrize("key", sorted(norm_launch.FWD_COOP), ids=lambda k: f"{k[0]}-{k[1]}")
 def test_shipped_coop_settings_at_real_widths(key, device):
-    """Each shipped FWD_COOP setting at its narrowest and widest width and a ragged one between,
-    forward against float64 (the backward: the split kernels' tests)."""
+    """Each shipped FWD_COOP setting at its narrowest and widest width and an odd one between,
+    forward against float64 (the backward: the split kernels' tests), in each dtype it serves:
+    fp32, or bf16 and (but for a narrow setting) fp16."""
     op, size = key
-    dtype = {2: torch.bfloat16, 4: torch.float32}[size]
-    coop = norm_launch.FWD_COOP[key][0]
-    for n in (coop.narrowest, 100_003, coop.widest):
-        plan = norm_launch._forward_plan(2, n, n, n, FLAGS[op], size, 132)
-        assert plan.kernel is norm_launch.KC.norm_fwd_coop_kernel, n
-        check_forward(op, make_inputs(op, (2, n), dtype, device), SLACK[dtype])
+    for dtype in [torch.float32] if size == 4 else [torch.bfloat16, torch.float16]:
+        fp16 = dtype == torch.float16
+        coop = next(c for c in norm_launch.FWD_COOP[key] if not (fp16 and c.narrow))
+        for n in (coop.narrowest, (coop.narrowest + coop.widest) // 2 | 1, coop.widest):
+            plan = norm_launch._forward_plan(2, n, n, n, FLAGS[op], size, 132, fp16)
+            assert plan.kernel is norm_launch.KC.norm_fwd_coop_kernel, n
+            assert plan.meta["PIECE"] == coop.piece, (n, dtype)
+            check_forward(op, make_inputs(op, (2, n), dtype, device), SLACK[dtype])

@@ -11,7 +11,10 @@ import os
 import subprocess
 import sys
 
-SCRIPT = r"""
+from fusewise.ops.norms import launch as norm_launch
+
+# the compile helper both scripts run: a kernel compiled as a real launch specializes it
+PRELUDE = r"""
 import itertools
 import re
 import triton
@@ -26,9 +29,10 @@ from fusewise.ops.norms import kernels_walk as KW
 
 TARGET = GPUTarget("cuda", 90, 32)
 ALIGNED = {"N", "stride_x", "stride_r", "stride_dy", "stride_dh"}
+compiled = 0
 
 
-def compile_for_gpu(fn, args, constants, warps, aligned=ALIGNED):
+def compile_for_gpu(fn, args, constants, warps, aligned=ALIGNED, registers=0):
     global compiled
     names = fn.arg_names  # the kernel's order: a pointer given as a constant None moves nothing
     given = {**args, **dict.fromkeys(constants, "constexpr")}
@@ -39,12 +43,15 @@ def compile_for_gpu(fn, args, constants, warps, aligned=ALIGNED):
         if n in aligned or signature[n].startswith("*")
     }
     src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
-    kernel = triton.compile(src, target=TARGET, options={"num_warps": warps})
+    options = {"num_warps": warps} | ({"maxnreg": registers} if registers else {})
+    kernel = triton.compile(src, target=TARGET, options=options)
     compiled += 1
     return kernel.asm["ptx"]
+"""
 
-
-compiled = 0
+SCRIPT = (
+    PRELUDE
+    + r"""
 for dtype, (is_rms, has_res) in itertools.product(
     ("bf16", "fp32"), [(False, False), (True, False), (True, True)]
 ):
@@ -91,8 +98,12 @@ for dtype, (is_rms, has_res) in itertools.product(
     # (PHASE 0) alone; the statistics read from L2, y stored streaming, in every phase
     coop = {**by_row, "Part": "*fp32", "Sync": "*i32"}
     for phase in (0, 1, 2):
-        meta = dict(ops, PIECE=256, PIECES=3, PHASE=phase)
+        meta = dict(ops, PIECE=256, PIECES=3, PHASE=phase, NARROW=False)
         ptx = compile_for_gpu(KC.norm_fwd_coop_kernel, coop, meta, 4)
+        if dtype == "bf16":  # x held as bf16: converted through volatile assembly in one launch
+            narrow = compile_for_gpu(KC.norm_fwd_coop_kernel, coop, dict(meta, NARROW=True), 4)
+            asm = [p.count("mov.b32 %r") for p in (ptx, narrow)]
+            assert (asm[1] > asm[0]) == (phase == 0), (phase, asm)
         # the ticket and the row's release, acq_rel; the spin: an atomic add of 0, a load
         atoms = re.findall(r"atom\.global\.gpu\.(\w+)\.add", ptx)
         assert atoms == (["acq_rel"] * 2 if phase == 0 else []), (phase, atoms)
@@ -170,6 +181,7 @@ for dtype, is_rms in (("*bf16", False), ("*fp32", True)):
     compile_for_gpu(KBP.norm_bwd_pieces_kernel, pieces, meta, 8)
 print("compiled", compiled)
 """
+)
 
 
 def test_kernels_compile_for_the_gpu():
@@ -183,5 +195,108 @@ def test_kernels_compile_for_the_gpu():
     # sliced backwards + 3 forward and 4 backward kernels with ALIGN = 8 and 1, unaligned) +
     # walks: 8 LayerNorm, 4 for each RMS op + LayerNorm's column sums with ALIGN = 8 and 1,
     # into fp32 partials) + the column sums into bf16 (one group's dbias), ALIGN = 8 and 1 +
-    # two of the two-block backward + 2 dtypes x 3 ops x 3 phases of the cooperative forward
-    assert done.stdout.split() == ["compiled", "226"]
+    # two of the two-block backward + 2 dtypes x 3 ops x 3 phases of the cooperative forward,
+    # and in bf16 3 ops x 3 phases holding x as bf16 (NARROW)
+    assert done.stdout.split() == ["compiled", "235"]
+
+
+NARROW_SCRIPT = (
+    PRELUDE
+    + r"""
+import os, subprocess, sys, tempfile
+from fusewise.ops.norms import launch as L
+from triton.backends.nvidia.compiler import get_ptxas
+
+PTXAS = get_ptxas(90).path  # the ptxas Triton itself runs for sm_90 (3.9: not bin/ptxas)
+
+
+def fit(dtype, op, piece, warps, pieces, narrow, registers):
+    # (registers, spilled bytes) a thread of the one-launch cooperative forward takes (ptxas
+    # for sm_90a)
+    t = "*" + dtype
+    args = dict(X=t, R=t, W=t, B=t, Y=t, H=t, Mean="*fp32", Rstd="*fp32", Part="*fp32",
+                Sync="*i32", N="i32", stride_x="i32", stride_r="i32", eps="fp32")
+    is_rms = op != "layer_norm"
+    constants = dict(IS_RMS=is_rms, HAS_W=True, HAS_B=not is_rms, HAS_RES=op == "add_rms_norm",
+                     PIECE=piece, PIECES=pieces, PHASE=0, ALIGN=1, NARROW=narrow)
+    ptx = compile_for_gpu(KC.norm_fwd_coop_kernel, args, constants, warps, registers=registers)
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "k.ptx"), "w") as f:
+            f.write(ptx)
+        info = subprocess.run([PTXAS, "-arch=sm_90a", "-v",
+                               os.path.join(d, "k.ptx"), "-o", os.path.join(d, "k.cubin")],
+                              capture_output=True, text=True).stderr
+    used = int(re.search(r"Used (\d+) registers", info).group(1))
+    return used, int(re.search(r"(\d+) bytes spill stores", info).group(1))
+
+
+if sys.argv[1] == "narrow":  # 65,536 bf16 on 32 warps, held narrow or in fp32
+    for op in ("layer_norm", "rms_norm"):
+        for narrow in (True, False):
+            print(op, narrow, fit("bf16", op, 65536, 32, 4, narrow, 0)[1])
+elif sys.argv[1] == "capped":  # RMSNorm's pieces for two programs a multiprocessor
+    for dtype, piece, narrow in (("bf16", 32768, True), ("fp32", 16384, False)):
+        for cap in (0, 32):
+            print(dtype, cap, *fit(dtype, "rms_norm", piece, 32, 8, narrow, cap))
+else:  # every shipped setting at its widest, in each dtype it serves (fp16: not narrow ones)
+    for (op, size), settings in sorted(L.FWD_COOP.items()):
+        for c in settings:
+            pieces = -(-c.widest // c.piece)
+            for dtype in ["fp32"] if size == 4 else ["bf16"] if c.narrow else ["bf16", "fp16"]:
+                used, spill = fit(dtype, op, c.piece, c.warps, pieces, c.narrow and size == 2,
+                                  c.registers)
+                print(op, dtype, c.piece, c.warps, c.registers, used, spill)
+"""
+)
+
+
+def _run_fit(what: str) -> list[list[str]]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", NARROW_SCRIPT, what], env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    return [line.split() for line in done.stdout.splitlines()]
+
+
+def test_narrow_pieces_fit_in_registers():
+    """Pieces of 65,536 bf16 elements on 32 warps (64 a thread, at most 64 registers): held as
+    bf16, RMSNorm's fit in registers (ptxas for sm_90a: 0 bytes spilled under Triton 3.6, 4
+    under 3.9; the kernel has no loop); held as fp32, both ops spill 128 bytes a thread or more,
+    which is what the narrow hold (and its opaque step between the conversions) is for.
+    LayerNorm's narrow piece is not held to it: 32 bytes under 3.6, 220 under 3.9, so it is
+    not shipped (settings.FWD_COOP)."""
+    spills = {(op == "rms_norm", n == "True"): int(s) for op, n, s in _run_fit("narrow")}
+    assert spills[True, True] <= 8, spills
+    assert min(spills[True, False], spills[False, False]) >= 128, spills
+
+
+def test_a_register_cap_holds():
+    """Coop.registers at 32 (two programs of 32 warps a multiprocessor) on RMSNorm's candidate
+    pieces, 32,768 bf16 held narrow and 16,384 fp32: at most 32 registers a thread and no spill
+    (ptxas for sm_90a, Triton 3.6 and 3.9); fp32's takes more than 32 uncapped, so the cap is
+    what holds it there."""
+    rows = {(d, int(cap)): (int(used), int(spill)) for d, cap, used, spill in _run_fit("capped")}
+    assert rows["bf16", 32][0] <= 32 and rows["fp32", 32][0] <= 32, rows
+    assert rows["bf16", 32][1] == 0 and rows["fp32", 32][1] == 0, rows
+    assert rows["fp32", 0][0] > 32, rows
+
+
+def test_shipped_coop_settings_fit_in_registers():
+    """Every shipped FWD_COOP setting, compiled as launched at its widest width: within its
+    register cap where it has one (two programs a multiprocessor rest on it), and spilling at
+    most 8 bytes a thread (RMSNorm's narrow piece spills 4 under Triton 3.9, once), in each
+    dtype it serves (fp16 takes bf16's but the narrow ones: its narrow piece spills 28 bytes
+    under 3.9)."""
+    rows = _run_fit("shipped")
+    served = {4: ("fp32",), 2: ("bf16", "fp16")}
+    assert {(op, d, int(p)) for op, d, p, *_ in rows} == {
+        (op, d, c.piece)
+        for (op, size), settings in norm_launch.FWD_COOP.items()
+        for c in settings
+        for d in served[size][: 1 if c.narrow else 2]
+    }
+    for op, dtype, piece, warps, cap, used, spill in rows:
+        assert int(cap) == 0 or int(used) <= int(cap), (op, dtype, piece, warps, cap, used)
+        assert int(spill) <= 8, (op, dtype, piece, warps, cap, spill)

@@ -82,8 +82,10 @@ def _load_row_tile(
     STORE_H: tl.constexpr,
     EVEN: tl.constexpr = False,
     POLICY: tl.constexpr = None,
+    RAW: tl.constexpr = False,
 ):
-    """Load x (or x + residual, rounded to the activation dtype and optionally stored) as fp32."""
+    """Load x (or x + residual, rounded to the activation dtype and optionally stored) as fp32, or
+    RAW in its own dtype."""
     rows64 = rows.to(tl.int64)
     x = _load(X + rows64[:, None] * stride_x + cols[None, :], mask, EVEN, POLICY)
     if HAS_RES:
@@ -92,7 +94,9 @@ def _load_row_tile(
         if STORE_H:
             _store(H + rows64[:, None] * N + cols[None, :], h, mask, EVEN)
         x = h
-    return x.to(tl.float32)
+    if not RAW:
+        x = x.to(tl.float32)
+    return x
 
 
 @triton.jit

@@ -20,6 +20,19 @@ programs fit on the GPU at once (launch_coop.coop_pieces keeps PIECES to half th
 multiprocessors: a program of at most 32 warps fits on any, and other work may hold some). This
 is the forward-progress argument of single-pass scans (decoupled look-back).
 
+How much a program holds matters: its ticket, wait and merge are a fixed cost, paid while its
+multiprocessor has nothing else to load (32 warps fill its registers). Pieces of 128 KB (32,768
+fp32 elements) made 85-98% of the copy ceiling on an H100, pieces of 64 KB (32,768 bf16 ones,
+held in fp32 registers) 68-81%. NARROW holds 16-bit inputs as they are, two to a register, and
+converts them at each use: 65,536 bf16 elements, 128 KB, on 32 warps. Between the uses an opaque
+step (_opaque) keeps the compiler from merging the conversions into one fp32 copy held across
+the wait, which would spill. ptxas for sm_90a, RMSNorm: 184 and 248 bytes a thread without it
+under Triton 3.6 and 3.9 (as much as held in fp32), 0 and 4 with it. LayerNorm, whose statistics
+use x twice before the wait, still spills 32 and 220 with it, and is not shipped narrow. Two
+programs of 32 warps share a multiprocessor at 32 registers a thread (Coop.registers): RMSNorm
+narrow on pieces of 32,768, and in fp32 on pieces of 16,384, take them with no spill under both
+Tritons (not yet measured).
+
 PHASE (constexpr): 0, one launch as above (a GPU); 1 and 2, two launches with no waiting: 1
 publishes the statistics, 2 merges them and writes y from x read again. Triton's interpreter runs
 programs one after another, so a waiting program would wait for ever there: tests on the CPU run
@@ -34,12 +47,17 @@ from .kernels import _load_row_tile, _store, _times
 
 
 @triton.jit
-def _piece_statistics(x, mask, n_p, IS_RMS: tl.constexpr):
-    """A piece's (mean, sum of squares): about its mean for LayerNorm, about 0 for RMSNorm."""
+def _piece_statistics(
+    x, mask, n_p, IS_RMS: tl.constexpr, NARROW: tl.constexpr, PHASE: tl.constexpr
+):
+    """A piece's (mean, sum of squares): about its mean for LayerNorm, about 0 for RMSNorm. x:
+    fp32, or 16-bit (NARROW), converted at each use."""
     if IS_RMS:
-        return 0.0, tl.sum(tl.sum(x * x, axis=1), axis=0)
-    mean_p = tl.sum(tl.sum(x, axis=1), axis=0) / n_p
-    d = tl.where(mask, x - mean_p, 0.0)
+        xf = x.to(tl.float32)
+        return 0.0, tl.sum(tl.sum(xf * xf, axis=1), axis=0)
+    mean_p = tl.sum(tl.sum(x.to(tl.float32), axis=1), axis=0) / n_p
+    x = _opaque(x, NARROW, PHASE)
+    d = tl.where(mask, x.to(tl.float32) - mean_p, 0.0)
     return mean_p, tl.sum(tl.sum(d * d, axis=1), axis=0)
 
 
@@ -61,6 +79,21 @@ def _merged_statistics(
     dm = means - mean
     m2 = tl.sum(m2s + counts * dm * dm, axis=0)
     return mean, tl.rsqrt(m2 / N + eps)
+
+
+@triton.jit
+def _opaque(x, NARROW: tl.constexpr, PHASE: tl.constexpr):
+    """x (16-bit) unchanged, through a step the compiler cannot see through, move or merge
+    (volatile inline PTX: NVIDIA GPUs; the interpreter runs none). Conversions of x to fp32 on
+    its two sides are then two conversions, not one fp32 copy kept live: that copy would take
+    twice the registers of the 16-bit x that NARROW holds."""
+    if NARROW and PHASE == 0:
+        bits = tl.inline_asm_elementwise(
+            "mov.b32 $0, $1;", "=r,r", [x.to(tl.int16, bitcast=True)], dtype=tl.int16,
+            is_pure=False, pack=2,
+        )  # fmt: skip
+        x = bits.to(x.dtype, bitcast=True)
+    return x
 
 
 @triton.jit
@@ -87,10 +120,11 @@ def norm_fwd_coop_kernel(
     PIECES: tl.constexpr,
     PHASE: tl.constexpr = 0,
     ALIGN: tl.constexpr = 1,
+    NARROW: tl.constexpr = False,
 ):
     """Part: fp32 [M, PIECES, 2], each piece's (mean, sum of squares). Sync: int32 [1 + M], zeros
     (PHASE 0: the ticket counter, then each row's count of published pieces; unused otherwise).
-    PIECES * PIECE >= N > (PIECES - 1) * PIECE."""
+    PIECES * PIECE >= N > (PIECES - 1) * PIECE. NARROW: X (and R) 16-bit, held as loaded."""
     N, stride_x, stride_r = _times(N, ALIGN), _times(stride_x, ALIGN), _times(stride_r, ALIGN)
     if PHASE == 0:
         ticket = tl.atomic_add(Sync, 1)
@@ -99,16 +133,21 @@ def norm_fwd_coop_kernel(
     row = ticket // PIECES
     piece = ticket % PIECES
     rows = tl.full([1], 0, tl.int32) + row
-    cols = piece * PIECE + tl.arange(0, PIECE)
-    col_ok = cols < N
+    # the piece's columns from a scalar start added to the pointers: a vector of column indices
+    # would stay live until y's store, and spill (ptxas, pieces of 32,768 on 32 warps)
+    start = piece * PIECE
+    cols = tl.arange(0, PIECE)
+    held = tl.minimum(N - start, PIECE)  # this piece's columns
+    col_ok = cols < held
     mask = col_ok[None, :]
     # evict-first: each piece is read once (PHASE 2 reads it again, but only on the interpreter)
     x = _load_row_tile(
-        X, R, H, rows, cols, mask, stride_x, stride_r, N, HAS_RES, PHASE < 2, False, "evict_first"
-    )
+        X + start, R + start, H + start, rows, cols, mask, stride_x, stride_r, N, HAS_RES,
+        PHASE < 2, False, "evict_first", NARROW,
+    )  # fmt: skip
     if PHASE < 2:
-        n_p = tl.minimum(N - piece * PIECE, PIECE).to(tl.float32)
-        mean_p, m2_p = _piece_statistics(x, mask, n_p, IS_RMS)
+        n_p = held.to(tl.float32)
+        mean_p, m2_p = _piece_statistics(x, mask, n_p, IS_RMS, NARROW, PHASE)
         part = Part + row.to(tl.int64) * (2 * PIECES) + 2 * piece
         tl.store(part, mean_p)
         tl.store(part + 1, m2_p)
@@ -126,10 +165,11 @@ def norm_fwd_coop_kernel(
     tl.store(Rstd + rows, tl.full([1], 0.0, tl.float32) + rstd, mask=first)
     if not IS_RMS:
         tl.store(Mean + rows, tl.full([1], 0.0, tl.float32) + mean, mask=first)
+    x = _opaque(x, NARROW, PHASE).to(tl.float32)
     y = (x if IS_RMS else x - mean) * rstd
     if HAS_W:
-        y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        y = y * tl.load(W + start + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if HAS_B:
-        y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    y_ptrs = Y + row.to(tl.int64) * N + cols[None, :]
+        y = y + tl.load(B + start + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = Y + (row.to(tl.int64) * N + start) + cols[None, :]
     _store(y_ptrs, _round(y, Y.dtype.element_ty), mask, False, True)

@@ -160,18 +160,22 @@ _MAX_PLANS = 1024
 
 
 def _forward_plan(
-    m: int, n: int, stride_x: int, stride_r: int, flags: tuple, element_size: int, sms: int = 0
-) -> _FwdPlan:
-    # FWD_UNMASKED's, FWD_WALK's and FWD_COOP's say for this width (fp16 takes bf16's), read on
-    # every call: a table replaced or edited in place is seen. sms: the GPU's multiprocessors (0:
-    # no GPU), which bounds a row's cooperating programs (launch_coop.coop_pieces)
+    m: int, n: int, stride_x: int, stride_r: int, flags: tuple, element_size: int, sms: int = 0,
+    fp16: bool = False,
+) -> _FwdPlan:  # fmt: skip
+    # FWD_UNMASKED's, FWD_WALK's and FWD_COOP's say for this width (fp16 takes bf16's but for
+    # its narrow Coop settings: measured in bf16 alone, and under Triton 3.9 an fp16 narrow piece
+    # spills), read on every call: a table replaced or edited in place is seen. sms: the GPU's
+    # multiprocessors (0: no GPU), which bounds a row's cooperating programs (coop_pieces)
     op = (op_name(flags[0], flags[3]), element_size)
     unmasked = n in FWD_UNMASKED.get(op, ())
     walk = next((w for w in FWD_WALK.get(op, ()) if w.narrowest <= n <= w.widest), None)
-    coop = next((c for c in FWD_COOP.get(op, ()) if c.narrowest <= n <= c.widest), None)
+    coops = (c for c in FWD_COOP.get(op, ()) if not (fp16 and c.narrow))
+    coop = next((c for c in coops if c.narrowest <= n <= c.widest), None)
     pieces = coop_pieces(coop, m, n, sms) if coop is not None else 0
     coop = coop if pieces else None  # where the pieces cannot all run at once: the wide kernel
-    key = (m, n, stride_x, stride_r, flags, unmasked, walk, coop, MAX_BLOCK_N_FWD, WIDE_CHUNK_FWD)
+    key = (m, n, stride_x, stride_r, op, flags, unmasked, walk, coop, MAX_BLOCK_N_FWD)
+    key += (WIDE_CHUNK_FWD,)  # op: (name, element size), which Coop.narrow reads
     key += (WIDE_WARPS, TILE_ELEMENTS_FWD, FWD_ELEMENTS_PER_THREAD, MAX_WARPS_FWD, FWD_CACHE)
     plan = _fwd_plans.get(key)
     if plan is not None:
@@ -182,6 +186,9 @@ def _forward_plan(
     meta["ALIGN"], ints = _aligned(n, stride_x, stride_r)
     if coop is not None:
         meta |= dict(PIECE=coop.piece, PIECES=pieces, num_warps=coop.warps)
+        meta["NARROW"] = coop.narrow and element_size == 2
+        if coop.registers:  # a compile option, which the interpreter ignores
+            meta["maxnreg"] = coop.registers
         plan = _FwdPlan(KC.norm_fwd_coop_kernel, (m * pieces,), ints, meta)
     elif walk is not None:
         chunk, chunks, even = walk.chunks_of(n)
@@ -226,7 +233,8 @@ def norm_forward(x, residual, weight, bias, eps: float, is_rms: bool):
     h_buf = h if h is not None else y
     mean_buf = mean if mean is not None else rstd
     sms = sm_count(dev.index or 0) if x.is_cuda else 0
-    plan = _forward_plan(m, n, x.stride(0), r.stride(0), flags, x.element_size(), sms)
+    fp16 = x.dtype == torch.float16
+    plan = _forward_plan(m, n, x.stride(0), r.stride(0), flags, x.element_size(), sms, fp16)
     tensors = (x, r, weight, bias, y, h_buf, mean_buf, rstd)
     if plan.kernel is KC.norm_fwd_coop_kernel:
         coop_forward(plan, tensors, eps, m, alloc)

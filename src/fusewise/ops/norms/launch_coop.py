@@ -14,6 +14,10 @@ def coop_pieces(coop, m: int, n: int, sms: int) -> int:
     multiprocessor holds at least one program of at most 32 warps."""
     if coop.piece & (coop.piece - 1) or not 1 <= coop.warps <= 32 or coop.warps & (coop.warps - 1):
         raise ValueError(f"{coop}: the piece and the warps must be powers of two, warps <= 32")
+    if coop.narrow and coop.piece < 2:  # its opaque step moves two 16-bit elements at a time
+        raise ValueError(f"{coop}: a narrow piece must be 2 elements or more (settings.FWD_COOP)")
+    if coop.registers and not 16 <= coop.registers <= 255:
+        raise ValueError(f"{coop}: registers must be 0 (no cap) or 16-255 (settings.FWD_COOP)")
     pieces = cdiv(n, coop.piece)
     if (sms and 2 * pieces > sms) or m * pieces > _I32_MAX:
         return 0

@@ -190,6 +190,12 @@ class Coop(NamedTuple):
     widest: int
     piece: int  # elements a program holds in registers (a power of two)
     warps: int
+    # 16-bit inputs held in registers as they are, converted to fp32 at each use: twice the
+    # elements in the same registers (fp32 inputs ignore it)
+    narrow: bool = False
+    # a cap on a thread's registers (Triton's maxnreg; 0: the compiler's choice): two programs
+    # of 32 warps share a multiprocessor at 32 or fewer, one loading while the other computes
+    registers: int = 0
 
 
 # The cooperative forward by (op, bytes per element); it takes precedence over FWD_WALK. From
@@ -200,13 +206,24 @@ class Coop(NamedTuple):
 # fp32 95.0/70.3 -> 92.7/90.0 (32,768, 32 warps; 65,536 keeps its walk), LayerNorm fp32
 # 89.2/68.9 -> 87.3/85.0 (likewise), RMSNorm bf16 100.2/71.6 -> 81.4/78.0 (16,384 on 16 warps).
 # LayerNorm bf16: 70.4 -> 70.8 at best, not shipped. bf16 pieces of 64 KB (the most 32 warps
-# hold) fall short of fp32's 128 KB: a program's fixed cost (its ticket, the wait, the merge)
-# weighs twice as much. Widths past 262,144 were not measured and keep the wide kernel.
+# hold in fp32) fall short of fp32's 128 KB: a program's fixed cost (its ticket, the wait, the
+# merge) weighs twice as much. Hence `narrow`: 65,536 bf16 elements held as bf16, 128 KB. Its A/B
+# against the settings before (results/h100_ab_narrow_3dde8ed.txt, an H100, kernels only, % of
+# the copy ceiling, 131,072 / 200,000 / 262,144; 200,000 with pieces then shared out evenly):
+# RMSNorm bf16 77.7/75.8/75.4 -> 83.3/76.5/81.3; LayerNorm bf16 (the wide kernel before)
+# 76.5/65.9/68.8 -> 74.5/64.7/74.1. LayerNorm stays on the wide kernel: it lost at 131,072 and
+# 200,000, and its narrow piece holds in registers only by the compiler's grace (ptxas for
+# sm_90a: 32 bytes spilled under Triton 3.6, 220 under 3.9, more than held in fp32), where
+# RMSNorm's, with one use of x before the wait, spills 0 and 4. Narrow at 65,537-131,071 (a
+# piece of 65,536 and a smaller one, where pieces of 16,384 made 5-8) is not yet measured.
+# fp16 skips narrow settings (launch._forward_plan): never measured, and its narrow piece
+# spills 28 bytes under Triton 3.9; it keeps pieces of 16,384. Widths past 262,144 were not
+# measured and keep the wide kernel.
 _PAST_65536 = 65537, 262144
 FWD_COOP: dict = {
     ("add_rms_norm", 2): (Coop(*_PAST_65536, 32768, 32),),
     ("add_rms_norm", 4): (Coop(65536, 262144, 32768, 32),),
-    ("rms_norm", 2): (Coop(*_PAST_65536, 16384, 16),),
+    ("rms_norm", 2): (Coop(*_PAST_65536, 65536, 32, narrow=True), Coop(*_PAST_65536, 16384, 16)),
     ("rms_norm", 4): (Coop(*_PAST_65536, 32768, 32),),
     ("layer_norm", 4): (Coop(*_PAST_65536, 32768, 32),),
 }
