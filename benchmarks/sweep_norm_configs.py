@@ -51,7 +51,7 @@ from fusewise.ops.norms import launch as L
 
 BLOCK_WIDTHS = [256, 512, 1024, 2048, 4096, 8192]
 WIDE_WIDTHS = [16384, 32768, 65536, 262144]
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 class Inputs:
