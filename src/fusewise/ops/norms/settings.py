@@ -214,17 +214,26 @@ class Coop(NamedTuple):
 # 76.5/65.9/68.8 -> 74.5/64.7/74.1. LayerNorm stays on the wide kernel: it lost at 131,072 and
 # 200,000, and its narrow piece holds in registers only by the compiler's grace (ptxas for
 # sm_90a: 32 bytes spilled under Triton 3.6, 220 under 3.9, more than held in fp32), where
-# RMSNorm's, with one use of x before the wait, spills 0 and 4. Narrow at 65,537-131,071 (a
-# piece of 65,536 and a smaller one, where pieces of 16,384 made 5-8) is not yet measured.
-# fp16 skips narrow settings (launch._forward_plan): never measured, and its narrow piece
-# spills 28 bytes under Triton 3.9; it keeps pieces of 16,384. Widths past 262,144 were not
-# measured and keep the wide kernel.
+# RMSNorm's, with one use of x before the wait, spills 0 and 4. Then `registers`: a program of
+# 32 warps capped at 32 registers a thread leaves room for a second on its multiprocessor, one
+# loading while the other waits or merges. From the sweep on an H100 (results/
+# h100_ab_narrow_d308537.txt, 2**27 elements, kernels only, the shipped before and after within
+# 0.8), at 98,304 / 131,072 / 200,000 / 262,144: RMSNorm bf16 65,536 narrow 79.9/82.6/76.8/81.3
+# -> 32,768 narrow, capped at 32 (0 bytes spilled, Triton 3.6 and 3.9) 88.0/88.2/86.3/87.4;
+# RMSNorm fp32 32,768 90.1/89.9/88.6/88.0 -> 16,384 capped 91.7/91.6/91.0/89.8 (0 spilled);
+# LayerNorm fp32 85.5/84.8/83.5/83.8 -> 85.2/83.0/83.4/82.3 (capped; not shipped).
+# fp16 skips narrow settings (launch._forward_plan): never measured, and its narrow piece of
+# 65,536 spills 28 bytes under Triton 3.9; it keeps pieces of 16,384. Widths past 262,144 were
+# not measured and keep the wide kernel.
 _PAST_65536 = 65537, 262144
 FWD_COOP: dict = {
     ("add_rms_norm", 2): (Coop(*_PAST_65536, 32768, 32),),
     ("add_rms_norm", 4): (Coop(65536, 262144, 32768, 32),),
-    ("rms_norm", 2): (Coop(*_PAST_65536, 65536, 32, narrow=True), Coop(*_PAST_65536, 16384, 16)),
-    ("rms_norm", 4): (Coop(*_PAST_65536, 32768, 32),),
+    ("rms_norm", 2): (
+        Coop(*_PAST_65536, 32768, 32, narrow=True, registers=32),
+        Coop(*_PAST_65536, 16384, 16),
+    ),
+    ("rms_norm", 4): (Coop(*_PAST_65536, 16384, 32, registers=32),),
     ("layer_norm", 4): (Coop(*_PAST_65536, 32768, 32),),
 }
 
