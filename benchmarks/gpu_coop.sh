@@ -9,7 +9,9 @@
 # ptxas for sm_90a, spilled bytes under Triton 3.6/3.9: LayerNorm bf16 32768x32n 0/0 at 52/64
 # registers, 16384x32r32 12/20, 16384x16r64 8/0; fp32 16384x16r64 8/8; RMSNorm fp16
 # 16384x32r32 4/0; add+RMSNorm fp32 16384x32r32 0/0). At most 8 files come back: logs and CSV
-# under $OUT.   run: FUSEWISE_COMMIT=<sha> bash benchmarks/gpu_coop.sh   carry: .whl ab_prev
+# under $OUT. AB_OPS, AB_DTYPES (the A/B's ops and dtypes), W (its widths) and QUICK=1 (the
+# tests, the demo and the A/B alone) cut it short where device time is short.
+#   run: FUSEWISE_COMMIT=<sha> bash benchmarks/gpu_coop.sh   carry: .whl ab_prev
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -30,11 +32,12 @@ C="$OUT/ab_fwd.csv"
 for r in 1 2; do for v in old new; do
   P=$PWD/src; [ $v = old ] && P=$PWD/${AB_OLD:-ab_prev/src}
   PYTHONPATH=$P:$PWD/benchmarks:/tmp/site timeout 60 python benchmarks/with_tag.py $v \
-    benchmarks/bench_norms.py --modes fwd --timings graph --dtypes bf16,fp32 \
-    --ops layer_norm,rms_norm --widths "$W" --providers fusewise --csv "$C" \
+    benchmarks/bench_norms.py --modes fwd --timings graph --dtypes "${AB_DTYPES:-bf16,fp32}" \
+    --ops "${AB_OPS:-layer_norm,rms_norm}" --widths "$W" --providers fusewise --csv "$C" \
     > /tmp/ab_${v}_$r.txt 2>&1 || tail -3 /tmp/ab_${v}_$r.txt | tee -a "$L"
 done; done
 python benchmarks/ab_summary.py "$C" --a old --b new 2>&1 | tee -a "$L"
+[ -n "${QUICK:-}" ] && { date -u | tee -a "$L"; exit 0; }  # the landing call alone
 timeout 110 python benchmarks/bench_norms.py --isolate --modes fwd --ops rms_norm \
   --dtypes bf16,fp32 --widths "$W" --providers fusewise,torch,compile,liger --timings graph \
   --csv "$OUT/peers.csv" 2>&1 | grep -v USDT > /tmp/peers.txt
