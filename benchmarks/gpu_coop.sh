@@ -23,7 +23,7 @@ L="$OUT/log.txt"
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   echo "commit ${FUSEWISE_COMMIT:-unknown}"; date -u; } | tee "$L"
 X=$(python -c "import xdist" 2>/dev/null && echo "-n 6")
-timeout 200 python -m pytest -q -p no:cacheprovider $X tests/test_norm_*.py \
+timeout 300 python -m pytest -q -p no:cacheprovider $X tests/test_norm_*.py \
   tests/test_patch_hf_norms.py 2>&1 | grep -v USDT > "$OUT/gpu_tests.txt"
 { grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head; tail -1 "$OUT/gpu_tests.txt"
   timeout 80 python -m fusewise demo 2>&1 | grep -v USDT | tail -4; } | tee -a "$L"
