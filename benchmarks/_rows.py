@@ -7,13 +7,19 @@ import subprocess
 
 
 def commit() -> str:
-    """FUSEWISE_COMMIT (set it where the tree has no .git, e.g. the GPU machine), else git's."""
+    """FUSEWISE_COMMIT (set it where the tree has no .git, e.g. the GPU machine), else git's,
+    with "+modified-src" where src/ differs from it: a tree copied over another checkout (the
+    GPU machine's is the landed main) would otherwise be labelled with a commit it is not."""
     if os.environ.get("FUSEWISE_COMMIT"):
         return os.environ["FUSEWISE_COMMIT"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    git = ["git", "-C", root]
     try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+        sha = subprocess.check_output([*git, "rev-parse", "--short", "HEAD"], text=True).strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    same = subprocess.run([*git, "diff", "--quiet", "HEAD", "--", "src"]).returncode == 0
+    return sha if same else sha + "+modified-src"
 
 
 def append_csv(path: str, rows: list[dict]) -> None:
