@@ -29,9 +29,9 @@ step (_opaque) keeps the compiler from merging the conversions into one fp32 cop
 the wait, which would spill. ptxas for sm_90a, RMSNorm: 184 and 248 bytes a thread without it
 under Triton 3.6 and 3.9 (as much as held in fp32), 0 and 4 with it. LayerNorm, whose statistics
 use x twice before the wait, still spills 32 and 220 with it, and is not shipped narrow. Two
-programs of 32 warps share a multiprocessor at 32 registers a thread (Coop.registers): RMSNorm
-narrow on pieces of 32,768, and in fp32 on pieces of 16,384, take them with no spill under both
-Tritons (not yet measured).
+programs share a multiprocessor at 32 registers a thread on 32 warps (Coop.registers): RMSNorm
+bf16 narrow on pieces of 32,768 and fp32 on 16,384 fit with no spill under both Tritons, and made
+86.9-90.0% and 91.5-93.7% on an H100, from 75.2-77.7 and 87.0-90.7 (settings.FWD_COOP).
 
 PHASE (constexpr): 0, one launch as above (a GPU); 1 and 2, two launches with no waiting: 1
 publishes the statistics, 2 merges them and writes y from x read again. Triton's interpreter runs
