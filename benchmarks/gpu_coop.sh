@@ -11,8 +11,8 @@
 # 16384x32r32 4/0; add+RMSNorm fp32 16384x32r32 0/0). At most 8 files come back: logs and CSV
 # under $OUT. AB_OPS, AB_DTYPES (the A/B's ops and dtypes), W (its widths) and QUICK=1 (the
 # tests, the demo and the A/B alone) cut it short where device time is short; TESTS (the test
-# files), DEMO=0, PEER_OPS (empty: none), PEER_MODES, PEER_W, PEER_S (seconds), SWEEP, SWEEP_W (the
-# sweep's widths, default W) change what runs.
+# files), DEMO=0, PEER_OPS (empty: none), PEER_MODES, PEER_W, PEER_S (seconds), SWEEP and
+# SWEEP_W (the sweep's widths, default W) change what runs.
 #   run: FUSEWISE_COMMIT=<sha> bash benchmarks/gpu_coop.sh   carry: .whl ab_prev
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -43,8 +43,9 @@ python benchmarks/ab_summary.py "$C" --a old --b new 2>&1 | tee -a "$L"
 [ -n "${QUICK:-}" ] && { date -u | tee -a "$L"; exit 0; }  # the landing call alone
 if [ -n "${PEER_OPS-rms_norm}" ]; then  # PEER_OPS= (empty): no peers
   timeout ${PEER_S:-110} python benchmarks/bench_norms.py --isolate --modes "${PEER_MODES:-fwd}" \
-    --ops "${PEER_OPS:-rms_norm}" --dtypes bf16,fp32 --widths "${PEER_W:-$W}" --providers fusewise,torch,compile,liger --timings graph \
-    --csv "$OUT/peers.csv" 2>&1 | grep -v USDT > /tmp/peers.txt
+    --ops "${PEER_OPS:-rms_norm}" --dtypes bf16,fp32 --widths "${PEER_W:-$W}" --timings graph \
+    --providers fusewise,torch,compile,liger --csv "$OUT/peers.csv" 2>&1 | grep -v USDT \
+    > /tmp/peers.txt
   sed -n '/# summary/,$p' /tmp/peers.txt | tail -12 | tee -a "$L"
 fi
 S="python benchmarks/sweep_norm_coop.py --widths ${SWEEP_W:-$W} --csv $OUT/sweep_coop.csv"
